@@ -1,0 +1,187 @@
+"""Launch ``torchrun`` from a notebook or a script, safely.
+
+A notebook cannot host ``torch.distributed`` ranks itself: ``spawn`` needs importable
+code, and one hung rank would hang the kernel. So the ranks run as a ``torchrun``
+subprocess of a module in ``helpers``; this launcher
+
+- picks a free rendezvous port (or checks the one you give),
+- writes one log file per rank (``torchrun --log-dir ... --redirects 3``),
+- returns rank 0's JSON result,
+- kills the whole process group on timeout, on error and on interrupt, and
+- on failure raises an error naming the failing rank, with the tail of its log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from helpers.distributed import RESULT_ENV
+from helpers.paths import results_path, shown
+
+
+class LaunchError(RuntimeError):
+    """A launch failed or timed out; ``rank`` is the failing rank when known."""
+
+    def __init__(self, message: str, rank: int | None = None, log_tail: str = "") -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.log_tail = log_tail
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check_port(port: int) -> int:
+    """``port`` if it can be bound on 127.0.0.1, else a clear error."""
+    if not 1 <= port <= 65535:
+        raise ValueError(
+            f"port {port!r} is out of range; valid: 1..65535, or None to pick a free one"
+        )
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as error:
+            raise LaunchError(
+                f"port {port} is already in use ({error.strerror}); pass port=None to pick a free one"
+            ) from None
+    return port
+
+
+def rank_logs(log_dir: Path, rank: int) -> list[Path]:
+    """The stdout/stderr files torchrun wrote for local rank ``rank``."""
+    return sorted(log_dir.glob(f"**/attempt_*/{rank}/std*.log"))
+
+
+def tail(path: Path, lines: int = 25) -> str:
+    """The last ``lines`` lines of a text file ('' if missing)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def rank_tail(log_dir: Path, rank: int, lines: int = 25) -> str:
+    """The tails of one rank's log files, each under its file name."""
+    parts = [f"--- rank {rank} {p.name} ---\n{tail(p, lines)}" for p in rank_logs(log_dir, rank)]
+    return "\n".join(parts) or f"(no log files for rank {rank})"
+
+
+def _failing_rank(launcher_log: str) -> int | None:
+    """The rank torchrun reports as the root cause of a failure."""
+    cause = launcher_log.split("Root Cause", 1)[-1]
+    match = re.search(r"rank\s*:\s*(\d+)", cause)
+    return int(match.group(1)) if match else None
+
+
+def _kill_group(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    """SIGTERM the launch's process group, then SIGKILL what is left."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            continue
+        if sig == signal.SIGTERM:
+            # the launcher is gone; make sure no worker survived it
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            return
+
+
+def launch(
+    module: str,
+    args: Sequence[str] = (),
+    *,
+    nproc: int,
+    timeout: float = 300.0,
+    threads_per_rank: int = 1,
+    port: int | None = None,
+    log_dir: str | Path | None = None,
+    env: dict[str, str] | None = None,
+) -> dict:
+    """Run ``torchrun --nproc-per-node=nproc -m module args`` and return rank 0's JSON."""
+    if nproc < 1:
+        raise ValueError(f"nproc={nproc!r}; valid: an integer >= 1")
+    port = free_port() if port is None else check_port(port)
+    if log_dir is None:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        base = results_path("logs/x").parent
+        log_dir = Path(tempfile.mkdtemp(prefix=f"{module.rsplit('.', 1)[-1]}-{stamp}-", dir=base))
+    log_dir = Path(log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    result_file = log_dir / "result.json"
+    result_file.unlink(missing_ok=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1",
+        f"--nproc-per-node={nproc}",
+        "--master-addr=127.0.0.1",
+        f"--master-port={port}",
+        "--max-restarts=0",
+        "--monitor-interval=0.2",
+        f"--log-dir={log_dir}",
+        "--redirects=3",
+        "-m",
+        module,
+        *args,
+    ]
+    child_env = {**os.environ, **(env or {})}
+    child_env.update(
+        {
+            RESULT_ENV: str(result_file),
+            "OMP_NUM_THREADS": str(threads_per_rank),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    launcher_log = log_dir / "launcher.log"
+    with open(launcher_log, "w") as out:
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env, start_new_session=True
+        )
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            tails = "\n".join(rank_tail(log_dir, r, 10) for r in range(nproc))
+            raise LaunchError(
+                f"{module} with {nproc} rank(s) did not finish within {timeout:g} s; "
+                f"every rank was killed. Logs in {shown(log_dir)}\n{tails}",
+                log_tail=tails,
+            ) from None
+        finally:
+            _kill_group(proc, grace=1.0)  # no-op when finished; kills everything on interrupt
+    if code != 0:
+        text = launcher_log.read_text(errors="replace")
+        rank = _failing_rank(text)
+        shown_rank = rank if rank is not None else 0
+        log = rank_tail(log_dir, shown_rank)
+        raise LaunchError(
+            f"{module} failed (exit code {code}) on rank {rank if rank is not None else '?'}; "
+            f"logs in {shown(log_dir)}\n{log}",
+            rank=rank,
+            log_tail=log,
+        )
+    if not result_file.exists():
+        raise LaunchError(f"{module} finished but rank 0 wrote no result; logs in {shown(log_dir)}")
+    return json.loads(result_file.read_text())

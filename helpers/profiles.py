@@ -1,0 +1,132 @@
+"""The two size profiles of the series, in one place.
+
+``small`` makes the whole series run in minutes on a 2-core CPU (CI).
+``full`` uses the source documents' sizes. ``auto`` picks ``full`` when a CUDA GPU
+is present, else ``small``. The environment variable ``TUTORIAL_PROFILE`` chooses.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+
+import torch
+
+ENV_VAR = "TUTORIAL_PROFILE"
+CHOICES = ("small", "full", "auto")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Sizes used by the lessons; every notebook prints the one in use."""
+
+    name: str
+    # timing (all lessons): untimed warm-up runs, then timed repeats
+    warmup: int
+    repeats: int
+    # lesson 01: toy model (the source's sizes are tiny, so both profiles use them)
+    toy_batch: int
+    toy_in: int
+    toy_hidden: int
+    toy_out: int
+    # lesson 02: ResNet50 training loop
+    resnet_batch: int
+    image_size: int
+    num_batches: int
+    num_classes: int
+    # lesson 03: pipeline parallelism
+    pipe_batch: int
+    pipe_image_size: int
+    pipe_microbatches: int
+    # lessons 05 and 06: tensor-parallel FFN (the source's flags)
+    hidden_size: int
+    ffn_size: int
+    seq_len: int
+    ffn_batch: int
+    world_size: int
+    ffn_iters: int
+    ffn_warmup: int
+
+    def describe(self) -> str:
+        """One line naming the profile and its main sizes."""
+        return (
+            f"profile '{self.name}': ResNet50 batch {self.resnet_batch} at "
+            f"{self.image_size}x{self.image_size}, {self.num_batches} batches, "
+            f"{self.repeats} repeats; FFN hidden {self.hidden_size}, ffn {self.ffn_size}, "
+            f"seq {self.seq_len}, batch {self.ffn_batch}, world size {self.world_size}"
+        )
+
+    def as_dict(self) -> dict:
+        """All sizes, for JSON records."""
+        return asdict(self)
+
+
+PROFILES: dict[str, Profile] = {
+    "small": Profile(
+        name="small",
+        warmup=1,
+        repeats=3,
+        toy_batch=20,
+        toy_in=10000,
+        toy_hidden=10,
+        toy_out=5,
+        resnet_batch=8,
+        image_size=64,
+        num_batches=2,
+        num_classes=1000,
+        pipe_batch=16,
+        pipe_image_size=96,
+        pipe_microbatches=4,
+        hidden_size=128,
+        ffn_size=512,
+        seq_len=64,
+        ffn_batch=2,
+        world_size=4,
+        ffn_iters=12,
+        ffn_warmup=2,
+    ),
+    "full": Profile(
+        name="full",
+        warmup=1,
+        repeats=10,
+        toy_batch=20,
+        toy_in=10000,
+        toy_hidden=10,
+        toy_out=5,
+        resnet_batch=120,
+        image_size=128,
+        num_batches=3,
+        num_classes=1000,
+        pipe_batch=32,
+        pipe_image_size=128,
+        pipe_microbatches=4,
+        hidden_size=512,
+        ffn_size=4096,
+        seq_len=512,
+        ffn_batch=8,
+        world_size=4,
+        ffn_iters=32,
+        ffn_warmup=4,
+    ),
+}
+
+
+def resolve_name(name: str | None = None) -> str:
+    """Turn ``name`` (or ``$TUTORIAL_PROFILE``, default ``auto``) into ``small`` or ``full``."""
+    chosen = (name if name is not None else os.environ.get(ENV_VAR, "auto")).strip().lower()
+    if chosen not in CHOICES:
+        source = "argument" if name is not None else f"${ENV_VAR}"
+        raise ValueError(
+            f"unknown profile {chosen!r} (from {source}); valid choices: {', '.join(CHOICES)}"
+        )
+    if chosen == "auto":
+        return "full" if torch.cuda.is_available() else "small"
+    return chosen
+
+
+def get_profile(name: str | None = None, *, verbose: bool = False) -> Profile:
+    """The profile named ``name``, else the one ``$TUTORIAL_PROFILE`` selects."""
+    profile = PROFILES[resolve_name(name)]
+    if verbose:
+        print(f"Using {profile.describe()}")
+    return profile

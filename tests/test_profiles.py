@@ -1,0 +1,39 @@
+import pytest
+
+from helpers import profiles
+
+
+def test_named_profiles_and_env_var(monkeypatch):
+    assert profiles.get_profile("small").name == "small"
+    full = profiles.get_profile("full")
+    # the source documents' sizes
+    assert (full.resnet_batch, full.image_size, full.num_batches, full.repeats) == (120, 128, 3, 10)
+    assert (full.hidden_size, full.ffn_size, full.seq_len, full.ffn_batch, full.world_size) == (
+        512,
+        4096,
+        512,
+        8,
+        4,
+    )
+    monkeypatch.setenv(profiles.ENV_VAR, "FULL")
+    assert profiles.get_profile().name == "full"
+
+
+def test_auto_follows_cuda(monkeypatch):
+    monkeypatch.setattr(profiles.torch.cuda, "is_available", lambda: True)
+    assert profiles.resolve_name("auto") == "full"
+    monkeypatch.setattr(profiles.torch.cuda, "is_available", lambda: False)
+    assert profiles.resolve_name("auto") == "small"
+
+
+def test_small_is_smaller_everywhere():
+    small, full = profiles.PROFILES["small"], profiles.PROFILES["full"]
+    for field in ("resnet_batch", "image_size", "repeats", "hidden_size", "ffn_size", "seq_len"):
+        assert getattr(small, field) <= getattr(full, field), field
+
+
+@pytest.mark.parametrize("bad", ["large", "", "smal"])
+def test_unknown_profile_names_the_value_and_choices(monkeypatch, bad):
+    monkeypatch.setenv(profiles.ENV_VAR, bad)
+    with pytest.raises(ValueError, match=rf"unknown profile '{bad}'.*small, full, auto"):
+        profiles.get_profile()
