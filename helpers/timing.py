@@ -74,9 +74,9 @@ def measure(
         fn()
     runs: Iterable[int] = range(repeats)
     if progress:
-        from tqdm.auto import tqdm
+        from tqdm import tqdm  # plain text bar: works in a terminal, a notebook and a log
 
-        runs = tqdm(runs, desc=label or "timing", unit="run")
+        runs = tqdm(runs, desc=label or "timing", unit="run", mininterval=0.5)
     times = []
     for _ in runs:
         start = synchronized_clock()
