@@ -87,11 +87,11 @@ class StepComparison:
 
     def report(self, atol: float) -> str:
         """A table of the differences, each marked OK or FAILED against ``atol``."""
-        lines = []
+        lines, width = [], max(48, *(len(what) for what, _ in self.rows()))
         for what, diff in self.rows():
             value = "= 0 (bitwise identical)" if diff == 0 else f"≈ {diff:.1e}"
             verdict = "OK" if diff <= atol else "FAILED"
-            lines.append(f"{what:<48} max |diff| {value:<24} {verdict} (tolerance {atol:g})")
+            lines.append(f"{what:<{width}} max |diff| {value:<24} {verdict} (tolerance {atol:g})")
         return "\n".join(lines)
 
     def check(self, atol: float) -> str:

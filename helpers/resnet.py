@@ -23,14 +23,15 @@ def resnet_layers(model: ResNet, *, blocks: bool = False) -> list[tuple[str, nn.
     """The forward pass as a layer list: conv1, bn1, relu, maxpool, layer1..4, avgpool, flatten, fc.
 
     With ``blocks=True`` each of layer1..4 is opened into its bottleneck blocks
-    (``layer3.0``, ``layer3.1``, ...), which gives finer places to cut.
+    (``layer3_0``, ``layer3_1``, ...: module names cannot contain dots), which gives
+    finer places to cut.
     The modules are the model's own (shared, not copied).
     """
     layers: list[tuple[str, nn.Module]] = []
     for name in ("conv1", "bn1", "relu", "maxpool", "layer1", "layer2", "layer3", "layer4"):
         module = getattr(model, name)
         if blocks and name.startswith("layer"):
-            layers += [(f"{name}.{i}", block) for i, block in enumerate(module)]
+            layers += [(f"{name}_{i}", block) for i, block in enumerate(module)]
         else:
             layers.append((name, module))
     layers += [("avgpool", model.avgpool), ("flatten", nn.Flatten(1)), ("fc", model.fc)]

@@ -1,0 +1,182 @@
+"""Measure single device vs naive model parallel vs pipelined ResNet50 training, in one run.
+
+Used by lesson 03 and by ``make bench``. On a CPU each pipeline stage is a process with
+one thread, compared with one process with one thread (and, for honesty, with one
+process using as many threads as there are stages).
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from helpers.launch import launch
+from helpers.pipeline import MicroBatchPipeline, balanced_split_points, ideal_speedup, layer_flops
+from helpers.resnet import one_hot_labels, resnet50, resnet_layers
+from helpers.staging import StagedModel
+from helpers.timing import Timing, measure
+
+
+def balanced_cut_names(stages: int, image_size: int, num_classes: int = 1000) -> list[str]:
+    """Names of the ResNet50 blocks to cut before so the stages have about equal FLOPs."""
+    layers = resnet_layers(resnet50(num_classes), blocks=True)
+    flops = layer_flops(layers, torch.randn(1, 3, image_size, image_size))
+    return [layers[i][0] for i in balanced_split_points(flops, stages)]
+
+
+def _step_fn(model: nn.Module, images: torch.Tensor, labels: torch.Tensor):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = nn.MSELoss()
+
+    def step() -> None:
+        optimizer.zero_grad()
+        loss_fn(model(images), labels).backward()
+        optimizer.step()
+
+    return step
+
+
+def in_process_timings(
+    batch: int,
+    image_size: int,
+    stages: int,
+    microbatches: int,
+    cut: Sequence[str],
+    *,
+    repeats: int,
+    warmup: int,
+    num_classes: int = 1000,
+) -> dict[str, Timing]:
+    """Training-step timings in this process: one thread, and ``stages`` threads."""
+    torch.manual_seed(0)
+    images = torch.randn(batch, 3, image_size, image_size)
+    labels = one_hot_labels(torch.randint(0, num_classes, (batch,)), num_classes)
+    single = resnet50(num_classes)
+    layers = resnet_layers(copy.deepcopy(single), blocks=True)
+    names = [n for n, _ in layers]
+    staged = StagedModel(layers, [names.index(c) for c in cut], [torch.device("cpu")] * stages)
+    micro = MicroBatchPipeline(staged, microbatches)
+    threads = torch.get_num_threads()
+    timings = {}
+    try:
+        torch.set_num_threads(1)
+        for key, label, model in (
+            ("single", "single process, 1 thread", single),
+            ("naive_mp", f"naive model parallel, {stages} stages, 1 thread", staged),
+            ("microbatched", f"in-process micro-batches (M={microbatches}), 1 thread", micro),
+        ):
+            timings[key] = measure(
+                _step_fn(model, images, labels),
+                repeats=repeats,
+                warmup=warmup,
+                label=label,
+                progress=True,
+            )
+        torch.set_num_threads(stages)
+        timings["single_threads"] = measure(
+            _step_fn(single, images, labels),
+            repeats=repeats,
+            warmup=warmup,
+            label=f"single process, {stages} threads",
+            progress=True,
+        )
+    finally:
+        torch.set_num_threads(threads)
+    return timings
+
+
+def pipelined_runs(
+    batch: int,
+    image_size: int,
+    stages: int,
+    runs: Sequence[tuple[str, int]],
+    cut: Sequence[str],
+    *,
+    steps: int,
+    warmup: int,
+    check: bool = True,
+    num_classes: int = 1000,
+    timeout: float = 1800,
+) -> dict:
+    """Launch one process per stage; time each (schedule, micro-batches) run; check the first."""
+    options = {
+        "--batch": batch,
+        "--image-size": image_size,
+        "--runs": ",".join(f"{s}:{m}" for s, m in runs),
+        "--split": ",".join(cut),
+        "--steps": steps,
+        "--warmup": warmup,
+        "--num-classes": num_classes,
+    }
+    args = [str(x) for pair in options.items() for x in pair] + (["--check"] if check else [])
+    return launch("helpers.pipeline_worker", args, nproc=stages, timeout=timeout)
+
+
+def timings_by_run(piped: dict) -> dict[tuple[str, int], Timing]:
+    """The launch's timed runs keyed by (schedule, micro-batches)."""
+    return {
+        (r["schedule"], r["microbatches"]): Timing(
+            f"pipelined, {r['schedule']}, M={r['microbatches']}", r["times_s"]
+        )
+        for r in piped["runs"]
+    }
+
+
+def pipeline_section(
+    batch: int = 32,
+    image_size: int = 128,
+    stages: int = 2,
+    microbatches: int = 4,
+    sweep: Sequence[int] = (1, 2, 4, 8),
+    *,
+    repeats: int = 3,
+    warmup: int = 1,
+) -> dict:
+    """The ``pipeline`` section of bench.json: all timings from the same run."""
+    cut = balanced_cut_names(stages, image_size)
+    local = in_process_timings(
+        batch, image_size, stages, microbatches, cut, repeats=repeats, warmup=warmup
+    )
+    runs = [("gpipe", microbatches), ("1f1b", microbatches)]
+    runs += [("gpipe", m) for m in sorted(set(sweep) - {microbatches})]
+    piped = pipelined_runs(batch, image_size, stages, runs, cut, steps=repeats, warmup=warmup)
+    timed = timings_by_run(piped)
+    gpipe = timed[("gpipe", microbatches)]
+    single = local["single"]
+    return {
+        "stages": stages,
+        "microbatches": microbatches,
+        "batch": batch,
+        "image_size": image_size,
+        "cut_before": cut,
+        "single_s": single.mean,
+        "naive_mp_s": local["naive_mp"].mean,
+        "pipelined_s": gpipe.mean,
+        "speedup": single.mean / gpipe.mean,
+        "ideal_speedup": ideal_speedup(stages, microbatches),
+        "efficiency": single.mean / gpipe.mean / ideal_speedup(stages, microbatches),
+        "naive_vs_single": (local["naive_mp"].mean - single.mean) / single.mean,
+        "std_s": {"single": single.std, "naive_mp": local["naive_mp"].std, "pipelined": gpipe.std},
+        "single_all_threads_s": local["single_threads"].mean,
+        "inprocess_microbatched_s": local["microbatched"].mean,
+        "sweep": [
+            {
+                "schedule": s,
+                "microbatches": m,
+                "mean_s": t.mean,
+                "std_s": t.std,
+                "speedup": single.mean / t.mean,
+                "ideal_speedup": ideal_speedup(stages, m),
+            }
+            for (s, m), t in sorted(timed.items())
+        ],
+        "check": piped.get("check"),
+        "backend": piped["backend"],
+        "threads_per_stage": 1,
+        "repeats": repeats,
+        "median_s": {"single": statistics.median(single.times), "pipelined": gpipe.median},
+    }

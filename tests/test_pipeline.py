@@ -1,0 +1,139 @@
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from helpers.checks import compare_steps, training_step
+from helpers.launch import LaunchError
+from helpers.pipeline import (
+    MicroBatchPipeline,
+    accumulated_step,
+    balanced_split_points,
+    check_microbatches,
+    gpipe_timeline,
+    ideal_speedup,
+    layer_flops,
+)
+from helpers.pipeline_bench import balanced_cut_names, pipelined_runs, timings_by_run
+from helpers.staging import StagedModel
+
+CPU = torch.device("cpu")
+
+
+def test_ideal_speedup_follows_the_bubble_model():
+    assert ideal_speedup(2, 1) == 1.0
+    assert ideal_speedup(2, 4) == pytest.approx(1.6)
+    assert ideal_speedup(4, 8) == pytest.approx(32 / 11)
+    with pytest.raises(ValueError, match="valid: integers >= 1"):
+        ideal_speedup(0, 4)
+
+
+def test_timeline_shows_the_bubble():
+    text = gpipe_timeline(2, 4)
+    assert "stage 1:   ..  F0  F1  F2  F3  B0  B1  B2  B3  .." in text
+    assert "idle (the bubble): 20%" in text
+
+
+@pytest.mark.parametrize(
+    ("costs", "stages", "expected"),
+    [
+        ([1, 1, 1, 1], 2, [2]),
+        ([4, 1, 1, 1, 1], 2, [1]),
+        ([1, 2, 3, 4, 5, 6], 3, [3, 5]),
+        ([5], 1, []),
+    ],
+)
+def test_balanced_split_minimises_the_costliest_stage(costs, stages, expected):
+    assert balanced_split_points(costs, stages) == expected
+
+
+def test_balanced_split_rejects_too_many_stages():
+    with pytest.raises(ValueError, match="stages=4 for 3 layers; valid: 1..3"):
+        balanced_split_points([1, 1, 1], 4)
+
+
+def test_microbatches_must_divide_the_batch():
+    assert check_microbatches(12, 4) == 3
+    with pytest.raises(
+        ValueError,
+        match=r"microbatches=5 does not divide the batch of 12; valid: one of \[1, 2, 3, 4, 6, 12\]",
+    ):
+        check_microbatches(12, 5)
+    with pytest.raises(ValueError, match="microbatches=0"):
+        check_microbatches(12, 0)
+
+
+def _layers():
+    torch.manual_seed(0)
+    return [
+        ("a", nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU())),
+        ("b", nn.Sequential(nn.Linear(16, 16), nn.ReLU())),
+        ("c", nn.Linear(16, 3)),
+    ]
+
+
+def test_in_process_pipeline_equals_accumulated_reference():
+    layers = _layers()
+    reference = nn.Sequential(*[copy.deepcopy(m) for _, m in layers])
+    micro = MicroBatchPipeline(StagedModel(layers, [1, 2], [CPU] * 3), 4)
+    x, y = torch.randn(8, 6), torch.randn(8, 3)
+    comparison = compare_steps(accumulated_step(reference, x, y, 4), training_step(micro, x, y))
+    assert max(comparison.output, comparison.loss, comparison.grads, comparison.weights) <= 1e-6
+
+
+def test_micro_batching_changes_batchnorm_so_the_reference_must_accumulate():
+    layers = _layers()
+    full = nn.Sequential(*[copy.deepcopy(m) for _, m in layers])
+    reference = nn.Sequential(*[copy.deepcopy(m) for _, m in layers])
+    x, y = torch.randn(8, 6), torch.randn(8, 3)
+    assert (
+        compare_steps(training_step(full, x, y), accumulated_step(reference, x, y, 4)).weights
+        > 1e-4
+    )
+
+
+def test_layer_flops_counts_a_linear_layer():
+    assert layer_flops([("l", nn.Linear(10, 4))], torch.randn(3, 10)) == [2 * 3 * 10 * 4]
+
+
+def test_balanced_resnet_cut_is_between_blocks():
+    cut = balanced_cut_names(2, 64)
+    assert len(cut) == 1 and cut[0].startswith("layer")
+
+
+def test_two_process_pipeline_equals_one_process():
+    """torch.distributed.pipelining with gloo: same loss, gradients and weights."""
+    piped = pipelined_runs(
+        4,
+        32,
+        2,
+        [("gpipe", 2), ("1f1b", 2)],
+        ["layer3_1"],
+        steps=1,
+        warmup=0,
+        num_classes=10,
+        timeout=300,
+    )
+    check = piped["check"]
+    for key in ("output_diff", "loss_diff", "grad_diff", "weight_diff"):
+        assert check[key] <= 1e-5, (key, check)
+    assert set(timings_by_run(piped)) == {("gpipe", 2), ("1f1b", 2)}
+    assert piped["backend"] == "gloo"
+
+
+def test_more_processes_than_stages_is_a_clear_error():
+    with pytest.raises(LaunchError, match="failed") as info:
+        pipelined_runs(
+            4,
+            32,
+            3,
+            [("gpipe", 2)],
+            ["layer3_1"],
+            steps=1,
+            warmup=0,
+            check=False,
+            num_classes=10,
+            timeout=300,
+        )
+    assert "--split gives 2 stages but torchrun started 3 processes" in info.value.log_tail
