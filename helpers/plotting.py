@@ -19,6 +19,7 @@ def save_figure(fig: plt.Figure, path: str | Path) -> Path:
     os.close(fd)
     try:
         fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a figure is meant to be shared
         os.replace(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)

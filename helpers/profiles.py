@@ -46,6 +46,12 @@ class Profile:
     world_size: int
     ffn_iters: int
     ffn_warmup: int
+    # lesson 04: device_map="auto" on a Llama-shaped model (MLP width 4x hidden, 64 per head)
+    lm_vocab: int
+    lm_hidden: int
+    lm_blocks: int
+    lm_batch: int
+    lm_seq: int
 
     def describe(self) -> str:
         """One line naming the profile and its main sizes."""
@@ -84,6 +90,11 @@ PROFILES: dict[str, Profile] = {
         world_size=4,
         ffn_iters=12,
         ffn_warmup=2,
+        lm_vocab=4096,
+        lm_hidden=128,
+        lm_blocks=6,
+        lm_batch=4,
+        lm_seq=32,
     ),
     "full": Profile(
         name="full",
@@ -107,6 +118,11 @@ PROFILES: dict[str, Profile] = {
         world_size=4,
         ffn_iters=32,
         ffn_warmup=4,
+        lm_vocab=32000,
+        lm_hidden=1024,
+        lm_blocks=8,
+        lm_batch=8,
+        lm_seq=256,
     ),
 }
 

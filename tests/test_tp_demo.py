@@ -1,0 +1,131 @@
+"""The command line: native mode in a subprocess, torchrun ranks through the launcher."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers.launch import LaunchError, launch
+from helpers.tp_demo import DemoConfig, main, parser
+from helpers.tp_ffn import checksums_match
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+SMALL = ["--hidden_size", "64", "--ffn_size", "256", "--seq_len", "16", "--batch_size", "2"]
+SMALL += ["--device", "cpu", "--iters", "5", "--warmup", "1"]
+
+
+def _cli(*args, cwd):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "helpers.tp_demo", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
+
+
+def test_flags_and_defaults_are_the_sources():
+    d = parser().parse_args([])
+    assert (d.hidden_size, d.ffn_size, d.seq_len, d.batch_size, d.world_size, d.device) == (
+        512,
+        1024,
+        512,
+        8,
+        4,
+        "cuda",
+    )
+    assert d.dtype == "float16" and d.iters == 32 and d.warmup == 4 and d.seed == 1
+
+
+def _native(tmp_path, world_size):
+    shards = tmp_path / f"shards{world_size}"
+    out = tmp_path / "native.json"
+    args = [*SMALL, "--world_size", str(world_size), "--shard_dir", str(shards)]
+    run = _cli(*args, "--json", str(out), cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    return run, json.loads(out.read_text()), shards, args
+
+
+def test_native_mode_prints_the_sources_lines_and_writes_the_shards(tmp_path):
+    run, result, shards, _ = _native(tmp_path, 4)
+    lines = run.stdout.splitlines()
+    assert lines[0].startswith("Namespace(hidden_size=64, ffn_size=256")
+    native = next(
+        x for x in lines if x.startswith("[INFO] native: shape:torch.Size([2, 16, 64]),sum:")
+    )
+    assert ",mean:" in native and ",min:" in native and ",max:" in native
+    assert any(
+        x.startswith("[INFO] tp_simulate: shape:torch.Size([2, 16, 64]),sum:") for x in lines
+    )
+    assert lines[-1].startswith("[INFO] check: |tp_simulate sum - native sum|")
+    assert lines[-1].endswith("OK")
+    assert sorted(p.name for p in shards.iterdir()) == sorted(
+        [f"fc{i}_{r}.bin" for i in (1, 2) for r in range(4)] + ["manifest.json"]
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["native.json", "shards4"]  # not the cwd
+    assert result["mode"] == "native" and result["tp_simulate_agrees"]
+    assert len(result["times_s"]) == 4 and result["dtype"] == "float16"
+    assert result["shape"] == [2, 16, 64]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--ffn_size", "100", "--world_size", "3"],
+            "ffn_size=100 is not divisible by world_size=3",
+        ),
+        (["--world_size", "0"], "world_size=0; valid: an integer >= 1"),
+        (["--device", "tpu"], "unknown device 'tpu'; valid choices here: cpu"),
+        (["--device", "cuda"], "'cuda' needs a CUDA GPU but this machine has none"),
+        (["--dtype", "half"], "unknown dtype 'half'; valid choices: float32, float16, bfloat16"),
+        (["--iters", "4", "--warmup", "4"], "valid: 0 <= warmup < iters"),
+    ],
+)
+def test_bad_options_are_named_and_nothing_is_written(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--device", "cpu", "--shard_dir", str(tmp_path / "s"), *args])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_tp_mode_without_torchrun_says_how_to_launch(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert main([*SMALL, "--mode", "tp", "--shard_dir", str(tmp_path)]) == 1
+    assert "runs under torchrun" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_match_native(tmp_path):
+    _, native, shards, args = _native(tmp_path, 2)
+    tp = launch("helpers.tp_demo", args, nproc=2, timeout=240, log_dir=tmp_path / "logs")
+    assert tp["mode"] == "tp" and tp["world_size"] == 2 and tp["backend"] == "gloo"
+    assert tp["shape"] == native["shape"]
+    assert checksums_match(native, tp), (native["checksum"], tp["checksum"])
+    assert len(tp["times_s"]) == len(tp["compute_times_s"]) == len(tp["allreduce_times_s"]) == 4
+    assert tp["allreduce_bytes_per_rank"] == 2 * 16 * 64 * 2  # 2(p-1)/p = 1 of 2x16x64 fp16
+    log = next((tmp_path / "logs").glob("**/attempt_*/0/stdout.log")).read_text()
+    assert "[INFO] backend: gloo on the CPU" in log
+    assert "[INFO] tp: shape:torch.Size([2, 16, 64]),sum:" in log
+
+
+@pytest.mark.slow
+def test_missing_shards_fail_with_the_ranks_message(tmp_path):
+    args = [*SMALL, "--world_size", "2", "--shard_dir", str(tmp_path / "nothing")]
+    with pytest.raises(LaunchError, match="failed") as info:
+        launch("helpers.tp_demo", args, nproc=2, timeout=240, log_dir=tmp_path / "logs")
+    assert "manifest.json is missing" in info.value.log_tail
+
+
+@pytest.mark.slow
+def test_f_and_g_give_the_full_models_gradients_across_two_ranks(tmp_path):
+    env = {"PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    result = launch("tp_backward_probe", nproc=2, timeout=240, env=env, log_dir=tmp_path)
+    assert result["worst_all_ranks"] <= 1e-6, result
+
+
+def test_config_round_trips_through_its_arguments():
+    config = DemoConfig(hidden_size=64, ffn_size=256, device="cpu", dtype="float32", world_size=2)
+    ns = parser().parse_args(config.args())
+    assert DemoConfig(**{k: v for k, v in vars(ns).items() if k != "json"}) == config
