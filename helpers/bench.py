@@ -25,7 +25,7 @@ def _pipeline() -> dict:
 
 
 def _tp() -> dict:
-    from helpers.tp_bench import tp_section  # lesson 06
+    from helpers.tp_runs import tp_section  # lesson 06
 
     return tp_section()
 

@@ -25,10 +25,12 @@ def choose_backend(world_size: int, requested: str = "auto") -> tuple[str, str]:
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if requested == "nccl":
         if gpus < world_size:
+            valid = (
+                f"world size <= {gpus}, or backend 'gloo' (CPU)" if gpus else "backend 'gloo' (CPU)"
+            )
             raise ValueError(
                 f"backend 'nccl' needs one GPU per rank: world size {world_size} but {gpus} GPU(s). "
-                "NCCL refuses two ranks on one GPU ('Duplicate GPU detected'); "
-                f"valid: world size <= {gpus}, or backend 'gloo' (CPU)"
+                f"NCCL refuses two ranks on one GPU ('Duplicate GPU detected'); valid: {valid}"
             )
         return "nccl", f"nccl: one GPU per rank ({world_size} of {gpus} GPUs)"
     if requested == "gloo":

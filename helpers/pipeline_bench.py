@@ -133,8 +133,8 @@ def pipeline_section(
     microbatches: int = 4,
     sweep: Sequence[int] = (1, 2, 4, 8),
     *,
-    repeats: int = 3,
-    warmup: int = 1,
+    repeats: int = 5,
+    warmup: int = 2,
 ) -> dict:
     """The ``pipeline`` section of bench.json: all timings from the same run."""
     cut = balanced_cut_names(stages, image_size)

@@ -54,3 +54,76 @@ def bar_chart(
         ax.set_title(title)
     fig.tight_layout()
     return save_figure(fig, path)
+
+
+def grouped_bar_chart(
+    groups: Sequence[str],
+    series: dict[str, tuple[Sequence[float], Sequence[float]]],
+    path: str | Path,
+    *,
+    ylabel: str,
+    xlabel: str = "",
+    title: str | None = None,
+) -> Path:
+    """One group of bars per entry of ``groups``; ``series`` maps a label to (means, stds)."""
+    if (
+        not groups
+        or not series
+        or any(len(m) != len(groups) or len(s) != len(groups) for m, s in series.values())
+    ):
+        raise ValueError(f"each series needs one mean and one std per group ({len(groups)} groups)")
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(groups) * len(series) / 2 + 2), 3.8))
+    x = np.arange(len(groups))
+    width = 0.8 / len(series)
+    for i, (label, (means, stds)) in enumerate(series.items()):
+        ax.bar(
+            x + (i - (len(series) - 1) / 2) * width,
+            means,
+            width,
+            yerr=stds,
+            capsize=4,
+            label=label,
+            alpha=0.8,
+            error_kw={"ecolor": "black"},
+        )
+    ax.set_xticks(x)
+    ax.set_xticklabels(groups)
+    ax.set_ylabel(ylabel)
+    if xlabel:
+        ax.set_xlabel(xlabel)
+    ax.yaxis.grid(True)
+    ax.set_axisbelow(True)
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def stacked_bar_chart(
+    labels: Sequence[str],
+    parts: dict[str, Sequence[float]],
+    path: str | Path,
+    *,
+    ylabel: str,
+    xlabel: str = "",
+    title: str | None = None,
+) -> Path:
+    """Bars made of stacked ``parts`` (label -> one value per bar)."""
+    if not labels or any(len(v) != len(labels) for v in parts.values()):
+        raise ValueError(f"each part needs one value per bar ({len(labels)} bars)")
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.3 * len(labels) + 1.5), 3.8))
+    bottom = np.zeros(len(labels))
+    for name, values in parts.items():
+        ax.bar(labels, values, 0.6, bottom=bottom, label=name)
+        bottom += np.asarray(values, dtype=float)
+    ax.set_ylabel(ylabel)
+    if xlabel:
+        ax.set_xlabel(xlabel)
+    ax.yaxis.grid(True)
+    ax.set_axisbelow(True)
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    return save_figure(fig, path)

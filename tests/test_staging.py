@@ -92,7 +92,10 @@ def test_training_loop_rejects_empty_sizes(field):
 def test_training_loop_updates_every_stage():
     torch.manual_seed(0)
     model = model_parallel_resnet50([CPU, CPU], num_classes=10)
-    before = [model.stages[0].conv1.weight.detach().clone(), model.stages[1].fc.weight.detach().clone()]
+    before = [
+        model.stages[0].conv1.weight.detach().clone(),
+        model.stages[1].fc.weight.detach().clone(),
+    ]
     loss = train(model, num_batches=2, batch_size=4, image_size=32, num_classes=10, seed=0)
     assert torch.isfinite(torch.tensor(loss))
     after = [model.stages[0].conv1.weight, model.stages[1].fc.weight]
