@@ -70,7 +70,7 @@ class Profile:
 PROFILES: dict[str, Profile] = {
     "small": Profile(
         name="small",
-        warmup=1,
+        warmup=2,
         repeats=3,
         toy_batch=20,
         toy_in=10000,
@@ -81,7 +81,7 @@ PROFILES: dict[str, Profile] = {
         num_batches=2,
         num_classes=1000,
         pipe_batch=16,
-        pipe_image_size=96,
+        pipe_image_size=128,
         pipe_microbatches=4,
         hidden_size=128,
         ffn_size=512,
@@ -98,7 +98,7 @@ PROFILES: dict[str, Profile] = {
     ),
     "full": Profile(
         name="full",
-        warmup=1,
+        warmup=2,
         repeats=10,
         toy_batch=20,
         toy_in=10000,
