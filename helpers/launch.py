@@ -5,7 +5,8 @@ code, and one hung rank would hang the kernel. So the ranks run as a ``torchrun`
 subprocess of a module in ``helpers``; this launcher
 
 - picks a free rendezvous port (or checks the one you give),
-- writes one log file per rank (``torchrun --log-dir ... --redirects 3``),
+- writes one log file per rank (``torchrun --log-dir ... --redirects 3``) under
+  results/logs/, kept when a launch fails and removed after a success,
 - returns rank 0's JSON result,
 - kills the whole process group on timeout, on error and on interrupt, and
 - on failure raises an error naming the failing rank, with the tail of its log.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -122,6 +124,7 @@ def launch(
     if nproc < 1:
         raise ValueError(f"nproc={nproc!r}; valid: an integer >= 1")
     port = free_port() if port is None else check_port(port)
+    created_log_dir = log_dir is None
     if log_dir is None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         base = results_path("logs/x").parent
@@ -184,4 +187,7 @@ def launch(
         )
     if not result_file.exists():
         raise LaunchError(f"{module} finished but rank 0 wrote no result; logs in {shown(log_dir)}")
-    return json.loads(result_file.read_text())
+    result = json.loads(result_file.read_text())
+    if created_log_dir:
+        shutil.rmtree(log_dir, ignore_errors=True)  # a success leaves nothing; failures keep logs
+    return result

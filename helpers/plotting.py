@@ -27,6 +27,30 @@ def save_figure(fig: plt.Figure, path: str | Path) -> Path:
     return path
 
 
+def _finish(
+    fig: plt.Figure,
+    ax: plt.Axes,
+    path: str | Path,
+    *,
+    ylabel: str,
+    xlabel: str = "",
+    title: str | None = None,
+    legend: bool = False,
+) -> Path:
+    """Labels, a horizontal grid behind the bars, then save (see ``save_figure``)."""
+    ax.set_ylabel(ylabel)
+    if xlabel:
+        ax.set_xlabel(xlabel)
+    ax.yaxis.grid(True)
+    ax.set_axisbelow(True)
+    if legend:
+        ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
 def bar_chart(
     means: Sequence[float],
     stds: Sequence[float],
@@ -45,15 +69,9 @@ def bar_chart(
     fig, ax = plt.subplots(figsize=(max(4.0, 1.6 * len(means)), 3.6))
     x = np.arange(len(means))
     ax.bar(x, means, yerr=stds, align="center", alpha=0.6, ecolor="red", capsize=10, width=0.6)
-    ax.set_ylabel(ylabel)
     ax.set_xticks(x)
     ax.set_xticklabels(labels)
-    ax.yaxis.grid(True)
-    ax.set_axisbelow(True)
-    if title:
-        ax.set_title(title)
-    fig.tight_layout()
-    return save_figure(fig, path)
+    return _finish(fig, ax, path, ylabel=ylabel, title=title)
 
 
 def grouped_bar_chart(
@@ -88,16 +106,7 @@ def grouped_bar_chart(
         )
     ax.set_xticks(x)
     ax.set_xticklabels(groups)
-    ax.set_ylabel(ylabel)
-    if xlabel:
-        ax.set_xlabel(xlabel)
-    ax.yaxis.grid(True)
-    ax.set_axisbelow(True)
-    ax.legend(fontsize=8)
-    if title:
-        ax.set_title(title)
-    fig.tight_layout()
-    return save_figure(fig, path)
+    return _finish(fig, ax, path, ylabel=ylabel, xlabel=xlabel, title=title, legend=True)
 
 
 def stacked_bar_chart(
@@ -117,13 +126,4 @@ def stacked_bar_chart(
     for name, values in parts.items():
         ax.bar(labels, values, 0.6, bottom=bottom, label=name)
         bottom += np.asarray(values, dtype=float)
-    ax.set_ylabel(ylabel)
-    if xlabel:
-        ax.set_xlabel(xlabel)
-    ax.yaxis.grid(True)
-    ax.set_axisbelow(True)
-    ax.legend(fontsize=8)
-    if title:
-        ax.set_title(title)
-    fig.tight_layout()
-    return save_figure(fig, path)
+    return _finish(fig, ax, path, ylabel=ylabel, xlabel=xlabel, title=title, legend=True)

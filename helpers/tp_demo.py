@@ -118,6 +118,27 @@ class DemoConfig:
             f"tp_shards/hidden{self.hidden_size}_ffn{self.ffn_size}_world{p}/x"
         ).parent
 
+    def input_batch(self, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+        """The input (batch, seq, hidden), the same in every mode and on every rank."""
+        return make_input(
+            self.batch_size,
+            self.seq_len,
+            self.hidden_size,
+            dtype=dtype,
+            device=device,
+            seed=self.seed,
+        )
+
+    def load_shard(self, world_size: int, rank: int) -> FeedForwardShard:
+        """Rank ``rank``'s shard from the files for ``world_size`` ranks, checked first."""
+        return FeedForwardShard.from_files(
+            self.folder(world_size),
+            world_size,
+            rank,
+            hidden_size=self.hidden_size,
+            ffn_size=self.ffn_size,
+        )
+
     def args(self) -> list[str]:
         """These options as command-line arguments (for ``helpers.launch.launch``)."""
         out = []
@@ -166,14 +187,7 @@ def run_native(config: DemoConfig, *, verbose: bool = True) -> dict:
     p, folder = config.world_size, config.folder()
     model = build_model(config)  # float32 on the CPU: the shard bytes do not depend on --device
     write_shards(model, p, folder)
-    x = make_input(
-        config.batch_size,
-        config.seq_len,
-        config.hidden_size,
-        dtype=dtype,
-        device=device,
-        seed=config.seed,
-    )
+    x = config.input_batch(dtype, device)
     model = model.to(device, dtype).eval()
     with torch.inference_mode():
         timing = measure(
@@ -185,12 +199,7 @@ def run_native(config: DemoConfig, *, verbose: bool = True) -> dict:
         if verbose:
             print(f"[INFO] device: {device}, dtype: {dtype_name(dtype)}, input seed {config.seed}")
             print(_info("native", out, total, times), flush=True)
-        shards = [
-            FeedForwardShard.from_files(
-                folder, p, r, hidden_size=config.hidden_size, ffn_size=config.ffn_size
-            ).to(device, dtype)
-            for r in range(p)
-        ]
+        shards = [config.load_shard(p, r).to(device, dtype) for r in range(p)]
         simulated = tp_simulate(shards, x)
     sim_total, _ = checksum(simulated)
     tol = checksum_tolerance(abs_total, dtype)
@@ -251,18 +260,9 @@ def run_tp(config: DemoConfig, *, verbose: bool = True) -> dict:
     rank = init_rank(backend)
     try:
         folder = config.folder(world)
-        shard = FeedForwardShard.from_files(
-            folder, world, rank.rank, hidden_size=config.hidden_size, ffn_size=config.ffn_size
-        ).to(rank.device, dtype)
+        shard = config.load_shard(world, rank.rank).to(rank.device, dtype)
         shard.eval()
-        x = make_input(
-            config.batch_size,
-            config.seq_len,
-            config.hidden_size,
-            dtype=dtype,
-            device=rank.device,
-            seed=config.seed,
-        )
+        x = config.input_batch(dtype, rank.device)
         if verbose and rank.rank == 0:
             print(
                 f"[INFO] backend: {reason}; {world} ranks, each on {rank.device}, dtype {dtype_name(dtype)}"

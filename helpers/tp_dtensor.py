@@ -20,7 +20,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from helpers.distributed import init_rank, write_result
 from helpers.timing import measure
 from helpers.tp_demo import DemoConfig, build_model, parser
-from helpers.tp_ffn import FeedForwardShard, make_input, resolve_device, resolve_dtype
+from helpers.tp_ffn import resolve_device, resolve_dtype
 
 PLAN = {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
 
@@ -42,23 +42,10 @@ def main(argv: list[str] | None = None) -> int:
         mesh = init_device_mesh(rank.device.type, (rank.world_size,))
         model = build_model(config).to(rank.device, dtype).eval()
         parallelize_module(model, mesh, PLAN)
-        hand = FeedForwardShard.from_files(
-            config.folder(rank.world_size),
-            rank.world_size,
-            rank.rank,
-            hidden_size=config.hidden_size,
-            ffn_size=config.ffn_size,
-        ).to(rank.device, dtype)
+        hand = config.load_shard(rank.world_size, rank.rank).to(rank.device, dtype)
         fc1_equal = torch.equal(model.fc1.weight.to_local(), hand.fc1.weight)
         fc2_equal = torch.equal(model.fc2.weight.to_local(), hand.fc2.weight)
-        x = make_input(
-            config.batch_size,
-            config.seq_len,
-            config.hidden_size,
-            dtype=dtype,
-            device=rank.device,
-            seed=config.seed,
-        )
+        x = config.input_batch(dtype, rank.device)
         with torch.no_grad():
             out = model(x)  # a plain tensor: RowwiseParallel's output is all-reduced (Replicate)
             expected = hand(x)

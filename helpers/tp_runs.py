@@ -16,7 +16,7 @@ from helpers.launch import launch
 from helpers.profiles import get_profile
 from helpers.timing import Timing, measure
 from helpers.tp_demo import DemoConfig, build_model
-from helpers.tp_ffn import FeedForwardShard, checksums_match, make_input, resolve_dtype, tp_simulate
+from helpers.tp_ffn import checksums_match, resolve_dtype, tp_simulate
 from helpers.tp_shards import write_shards
 
 WORLD_SIZES = (1, 2, 4)
@@ -75,19 +75,9 @@ def time_simulate(config: DemoConfig, world_size: int) -> Timing:
     """tp_simulate (the ranks as a loop in this process, one thread), timed like the runs."""
     dtype = resolve_dtype(config.dtype)
     shards = [
-        FeedForwardShard.from_files(config.folder(world_size), world_size, r)
-        .to(config.device, dtype)
-        .eval()
-        for r in range(world_size)
+        config.load_shard(world_size, r).to(config.device, dtype).eval() for r in range(world_size)
     ]
-    x = make_input(
-        config.batch_size,
-        config.seq_len,
-        config.hidden_size,
-        dtype=dtype,
-        device=config.device,
-        seed=config.seed,
-    )
+    x = config.input_batch(dtype, config.device)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
