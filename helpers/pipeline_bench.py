@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from helpers.distributed import choose_backend
 from helpers.launch import launch
 from helpers.pipeline import MicroBatchPipeline, balanced_split_points, ideal_speedup, layer_flops
 from helpers.resnet import one_hot_labels, resnet50, resnet_layers
@@ -40,6 +41,14 @@ def _step_fn(model: nn.Module, images: torch.Tensor, labels: torch.Tensor):
     return step
 
 
+def pipeline_devices(stages: int) -> list[torch.device]:
+    """Where the stage processes run: one GPU each with NCCL, else the CPU (gloo)."""
+    backend, _ = choose_backend(stages)
+    if backend == "nccl":
+        return [torch.device("cuda", k) for k in range(stages)]
+    return [torch.device("cpu")] * stages
+
+
 def in_process_timings(
     batch: int,
     image_size: int,
@@ -49,41 +58,52 @@ def in_process_timings(
     *,
     repeats: int,
     warmup: int,
+    devices: Sequence[torch.device] | None = None,
     num_classes: int = 1000,
 ) -> dict[str, Timing]:
-    """Training-step timings in this process: one thread, and ``stages`` threads."""
+    """Training-step timings in this process, on ``devices`` (default: the CPU).
+
+    On the CPU every variant runs with one thread, like one stage process, and the single
+    model once more with ``stages`` threads (the fair competitor for ``stages`` cores).
+    """
+    devices = list(devices or [torch.device("cpu")] * stages)
+    on_cpu = devices[0].type == "cpu"
     torch.manual_seed(0)
-    images = torch.randn(batch, 3, image_size, image_size)
+    images = torch.randn(batch, 3, image_size, image_size).to(devices[0])
     labels = one_hot_labels(torch.randint(0, num_classes, (batch,)), num_classes)
-    single = resnet50(num_classes)
+    single = resnet50(num_classes).to(devices[0])
     layers = resnet_layers(copy.deepcopy(single), blocks=True)
     names = [n for n, _ in layers]
-    staged = StagedModel(layers, [names.index(c) for c in cut], [torch.device("cpu")] * stages)
+    staged = StagedModel(layers, [names.index(c) for c in cut], devices)
     micro = MicroBatchPipeline(staged, microbatches)
+    where = "1 thread" if on_cpu else ", ".join(sorted({str(d) for d in devices}))
+    variants = [
+        ("single", f"single process, {'1 thread' if on_cpu else devices[0]}", single, devices[0]),
+        ("naive_mp", f"naive model parallel, {stages} stages, {where}", staged, devices[-1]),
+        (
+            "microbatched",
+            f"in-process micro-batches (M={microbatches}), {where}",
+            micro,
+            devices[-1],
+        ),
+    ]
     threads = torch.get_num_threads()
     timings = {}
     try:
-        torch.set_num_threads(1)
-        for key, label, model in (
-            ("single", "single process, 1 thread", single),
-            ("naive_mp", f"naive model parallel, {stages} stages, 1 thread", staged),
-            ("microbatched", f"in-process micro-batches (M={microbatches}), 1 thread", micro),
-        ):
-            timings[key] = measure(
-                _step_fn(model, images, labels),
+        if on_cpu:
+            torch.set_num_threads(1)
+        for key, label, model, out_device in variants:
+            step = _step_fn(model, images, labels.to(out_device))
+            timings[key] = measure(step, repeats=repeats, warmup=warmup, label=label, progress=True)
+        if on_cpu:
+            torch.set_num_threads(stages)
+            timings["single_threads"] = measure(
+                _step_fn(single, images, labels),
                 repeats=repeats,
                 warmup=warmup,
-                label=label,
+                label=f"single process, {stages} threads",
                 progress=True,
             )
-        torch.set_num_threads(stages)
-        timings["single_threads"] = measure(
-            _step_fn(single, images, labels),
-            repeats=repeats,
-            warmup=warmup,
-            label=f"single process, {stages} threads",
-            progress=True,
-        )
     finally:
         torch.set_num_threads(threads)
     return timings
@@ -139,7 +159,14 @@ def pipeline_section(
     """The ``pipeline`` section of bench.json: all timings from the same run."""
     cut = balanced_cut_names(stages, image_size)
     local = in_process_timings(
-        batch, image_size, stages, microbatches, cut, repeats=repeats, warmup=warmup
+        batch,
+        image_size,
+        stages,
+        microbatches,
+        cut,
+        repeats=repeats,
+        warmup=warmup,
+        devices=pipeline_devices(stages),
     )
     runs = [("gpipe", microbatches), ("1f1b", microbatches)]
     runs += [("gpipe", m) for m in sorted(set(sweep) - {microbatches})]
@@ -161,7 +188,7 @@ def pipeline_section(
         "efficiency": single.mean / gpipe.mean / ideal_speedup(stages, microbatches),
         "naive_vs_single": (local["naive_mp"].mean - single.mean) / single.mean,
         "std_s": {"single": single.std, "naive_mp": local["naive_mp"].std, "pipelined": gpipe.std},
-        "single_all_threads_s": local["single_threads"].mean,
+        "single_all_threads_s": local["single_threads"].mean if "single_threads" in local else None,
         "inprocess_microbatched_s": local["microbatched"].mean,
         "sweep": [
             {
@@ -176,7 +203,7 @@ def pipeline_section(
         ],
         "check": piped.get("check"),
         "backend": piped["backend"],
-        "threads_per_stage": 1,
+        "threads_per_stage": 1 if piped["backend"] == "gloo" else None,
         "repeats": repeats,
         "median_s": {"single": statistics.median(single.times), "pipelined": gpipe.median},
     }

@@ -39,7 +39,7 @@ def split_size_chart(
         "k--",
         label="ideal: single / (K·M/(M+K-1))",
     )
-    ax.axhline(single.mean, color="gray", linestyle=":", label="single process, 1 thread")
+    ax.axhline(single.mean, color="gray", linestyle=":", label=single.label)
     ax.set_xscale("log", base=2)
     ax.set_xticks(counts, [str(m) for m in counts])
     ax.set_xlabel("micro-batches per batch (M)")

@@ -96,8 +96,12 @@ class StageTrainer:
                 pipe.step()
             self.optimizer.step()
             # the last stage holds the micro-batch losses; every rank learns their mean
-            mean = torch.stack(losses).mean().detach().cpu() if losses else torch.zeros(())
-            dist.all_reduce(mean)
+            mean = (
+                torch.stack(losses).mean().detach()
+                if losses
+                else torch.zeros((), device=rank.device)
+            )
+            dist.all_reduce(mean)  # NCCL needs the tensor on the rank's GPU
             return mean.item(), output
 
         return step

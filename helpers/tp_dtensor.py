@@ -25,8 +25,8 @@ from helpers.tp_ffn import resolve_device, resolve_dtype
 PLAN = {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
 
 
-def _max_over_ranks(value: float) -> float:
-    t = torch.tensor([value], dtype=torch.float64)
+def _max_over_ranks(value: float, device: torch.device) -> float:
+    t = torch.tensor([value], dtype=torch.float64, device=device)  # NCCL: on the rank's GPU
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()
 
@@ -50,11 +50,11 @@ def main(argv: list[str] | None = None) -> int:
             out = model(x)  # a plain tensor: RowwiseParallel's output is all-reduced (Replicate)
             expected = hand(x)
             dist.all_reduce(expected)
-            diff = _max_over_ranks((out.float() - expected.float()).abs().max().item())
+            diff = _max_over_ranks((out.float() - expected.float()).abs().max().item(), rank.device)
             timing = measure(
                 lambda: model(x), repeats=config.iters - config.warmup, warmup=config.warmup
             )
-        equal = _max_over_ranks(0.0 if (fc1_equal and fc2_equal) else 1.0) == 0.0
+        equal = _max_over_ranks(0.0 if (fc1_equal and fc2_equal) else 1.0, rank.device) == 0.0
         write_result(
             rank,
             {
