@@ -18,5 +18,6 @@ Lessons
 - 03 ``pipeline``, ``pipeline_worker``, ``pipeline_bench``, ``pipeline_plots``.
 - 04 ``device_map``, ``offload``, ``tiny_lm``: placement under memory budgets.
 - 05 ``tp_ffn``, ``tp_comm``, ``tp_shards``, ``tp_demo``: the tensor-parallel FFN.
-- 06 ``tp_runs``, ``tp_dtensor``: torchrun launches and PyTorch's own tensor parallelism.
+- 06 ``tp_runs``, ``tp_dtensor``, ``tp_2d``: torchrun launches, PyTorch's own tensor
+  parallelism, and a (dp x tp) mesh.
 """

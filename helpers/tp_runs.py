@@ -71,6 +71,12 @@ def run_dtensor(config: DemoConfig, world_size: int, *, timeout: float = 600) ->
     return launch("helpers.tp_dtensor", args, nproc=world_size, timeout=timeout)
 
 
+def run_2d(config: DemoConfig, world_size: int, dp: int, *, timeout: float = 600) -> dict:
+    """One training step on a (dp x tp) mesh, checked against the full model and batch."""
+    args = replace(config, world_size=world_size, mode="tp").args() + ["--dp", str(dp)]
+    return launch("helpers.tp_2d", args, nproc=world_size, timeout=timeout)
+
+
 def time_simulate(config: DemoConfig, world_size: int) -> Timing:
     """tp_simulate (the ranks as a loop in this process, one thread), timed like the runs."""
     dtype = resolve_dtype(config.dtype)

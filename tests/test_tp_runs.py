@@ -8,7 +8,7 @@ from helpers import distributed
 from helpers.launch import LaunchError
 from helpers.paths import RESULTS_DIR
 from helpers.tp_demo import DemoConfig
-from helpers.tp_runs import plan_device, run_dtensor, run_tp, tp_sweep
+from helpers.tp_runs import plan_device, run_2d, run_dtensor, run_tp, tp_sweep
 
 TINY = DemoConfig(
     hidden_size=32,
@@ -69,3 +69,11 @@ def test_missing_shards_fail_with_the_rank_log():
     with pytest.raises(LaunchError) as info:
         run_tp(replace(TINY, shard_dir=str(RESULTS_DIR / "no_such_shards_test")), 2)
     assert "manifest.json is missing" in info.value.log_tail
+
+
+def test_two_dimensional_mesh_step_equals_full_model():
+    """dp=2 x tp=2: each rank's output rows and updated shards match one device."""
+    config = replace(TINY, batch_size=4, world_size=4)
+    result = run_2d(config, 4, 2)
+    assert (result["dp"], result["tp"], result["mesh"]) == (2, 2, "[[0, 1], [2, 3]]")
+    assert result["output_diff"] <= 1e-5 and result["weight_diff"] <= 1e-5
