@@ -8,7 +8,7 @@ is present, else ``small``. The environment variable ``TUTORIAL_PROFILE`` choose
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
@@ -61,10 +61,6 @@ class Profile:
             f"{self.repeats} repeats; FFN hidden {self.hidden_size}, ffn {self.ffn_size}, "
             f"seq {self.seq_len}, batch {self.ffn_batch}, world size {self.world_size}"
         )
-
-    def as_dict(self) -> dict:
-        """All sizes, for JSON records."""
-        return asdict(self)
 
 
 PROFILES: dict[str, Profile] = {

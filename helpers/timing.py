@@ -46,16 +46,6 @@ class Timing:
             f"(median {self.median:.4f} s, n={len(self.times)})"
         )
 
-    def as_dict(self) -> dict:
-        """For JSON records."""
-        return {
-            "label": self.label,
-            "mean_s": self.mean,
-            "std_s": self.std,
-            "median_s": self.median,
-            "times_s": list(self.times),
-        }
-
 
 def measure(
     fn: Callable[[], object],
