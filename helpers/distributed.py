@@ -70,6 +70,13 @@ def init_rank(backend: str = "auto") -> Rank:
     return Rank(dist.get_rank(), dist.get_world_size(), local_rank, device, backend)
 
 
+def max_over_ranks(value: float, rank: Rank) -> float:
+    """The largest ``value`` of all ranks, on every rank (on the rank's device, as NCCL needs)."""
+    t = torch.tensor([value], dtype=torch.float64, device=rank.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
 def write_result(rank: Rank, result: dict) -> None:
     """Rank 0 hands its JSON result to the launcher (atomically); other ranks do nothing."""
     path = os.environ.get(RESULT_ENV)

@@ -19,16 +19,10 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import parallelize_module
 
-from helpers.distributed import init_rank, write_result
+from helpers.distributed import init_rank, max_over_ranks, write_result
 from helpers.tp_demo import DemoConfig, build_model, parser
 from helpers.tp_dtensor import PLAN
 from helpers.tp_ffn import resolve_device, resolve_dtype
-
-
-def _max_over_ranks(value: float, device: torch.device) -> float:
-    t = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
                 "tp": tp,
                 "backend": rank.backend,
                 "mesh": str(mesh.mesh.tolist()),
-                "output_diff": _max_over_ranks(output_diff, rank.device),
-                "weight_diff": _max_over_ranks(weight_diff, rank.device),
+                "output_diff": max_over_ranks(output_diff, rank),
+                "weight_diff": max_over_ranks(weight_diff, rank),
             },
         )
         dist.barrier()

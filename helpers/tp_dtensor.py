@@ -17,18 +17,12 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from helpers.distributed import init_rank, write_result
+from helpers.distributed import init_rank, max_over_ranks, write_result
 from helpers.timing import measure
 from helpers.tp_demo import DemoConfig, build_model, parser
 from helpers.tp_ffn import resolve_device, resolve_dtype
 
 PLAN = {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
-
-
-def _max_over_ranks(value: float, device: torch.device) -> float:
-    t = torch.tensor([value], dtype=torch.float64, device=device)  # NCCL: on the rank's GPU
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,11 +44,11 @@ def main(argv: list[str] | None = None) -> int:
             out = model(x)  # a plain tensor: RowwiseParallel's output is all-reduced (Replicate)
             expected = hand(x)
             dist.all_reduce(expected)
-            diff = _max_over_ranks((out.float() - expected.float()).abs().max().item(), rank.device)
+            diff = max_over_ranks((out.float() - expected.float()).abs().max().item(), rank)
             timing = measure(
                 lambda: model(x), repeats=config.iters - config.warmup, warmup=config.warmup
             )
-        equal = _max_over_ranks(0.0 if (fc1_equal and fc2_equal) else 1.0, rank.device) == 0.0
+        equal = max_over_ranks(0.0 if (fc1_equal and fc2_equal) else 1.0, rank) == 0.0
         write_result(
             rank,
             {
