@@ -7,6 +7,8 @@ detected"); without enough GPUs the ranks use gloo on the CPU, one thread each.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -68,6 +70,16 @@ def init_rank(backend: str = "auto") -> Rank:
         device = torch.device("cpu")
     dist.init_process_group(backend=backend, device_id=device if backend == "nccl" else None)
     return Rank(dist.get_rank(), dist.get_world_size(), local_rank, device, backend)
+
+
+@contextmanager
+def process_group(backend: str = "auto") -> Iterator[Rank]:
+    """``init_rank`` for the body of a ``with``; the process group is destroyed on the way out."""
+    rank = init_rank(backend)
+    try:
+        yield rank
+    finally:
+        dist.destroy_process_group()
 
 
 def max_over_ranks(value: float, rank: Rank) -> float:

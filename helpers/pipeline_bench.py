@@ -41,6 +41,27 @@ def _step_fn(model: nn.Module, images: torch.Tensor, labels: torch.Tensor):
     return step
 
 
+def cost_per_image(
+    image_sizes: Sequence[int], batches: Sequence[int], *, repeats: int = 2, warmup: int = 1
+) -> dict[tuple[int, int], float]:
+    """Seconds per image of a ResNet50 forward + backward, one CPU thread, per (size, batch)."""
+    model = resnet50()
+    threads = torch.get_num_threads()
+    costs = {}
+    try:
+        torch.set_num_threads(1)
+        for size in image_sizes:
+            for batch in batches:
+                images = torch.randn(batch, 3, size, size)
+                timing = measure(
+                    lambda x=images: model(x).sum().backward(), repeats=repeats, warmup=warmup
+                )
+                costs[(size, batch)] = timing.mean / batch
+    finally:
+        torch.set_num_threads(threads)
+    return costs
+
+
 def pipeline_devices(stages: int) -> list[torch.device]:
     """Where the stage processes run: one GPU each with NCCL, else the CPU (gloo)."""
     backend, _ = choose_backend(stages)

@@ -18,7 +18,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from helpers.checks import StepResult, compare_steps
-from helpers.distributed import Rank, init_rank, write_result
+from helpers.distributed import Rank, process_group, write_result
 from helpers.pipeline import accumulated_step, check_microbatches
 from helpers.resnet import one_hot_labels, resnet50, resnet_layers, split_points_at
 from helpers.staging import split_layers
@@ -161,35 +161,34 @@ def time_run(trainer: StageTrainer, schedule: str, m: int, steps: int, warmup: i
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    rank = init_rank()
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    model = resnet50(args.num_classes)
-    reference = copy.deepcopy(model) if args.check and rank.rank == 0 else None
-    layers = resnet_layers(model, blocks=True)
-    stages = split_layers(layers, split_points_at(layers, args.split.split(",")))
-    if len(stages) != rank.world_size:
-        raise ValueError(
-            f"--split gives {len(stages)} stages but torchrun started {rank.world_size} processes; "
-            "valid: one process per stage (--nproc-per-node = number of cut names + 1)"
-        )
-    images, labels = same_batch(args)
-    trainer = StageTrainer(stages[rank.rank].to(rank.device), rank, images, labels, args.lr)
-    result: dict = {
-        "stages": rank.world_size,
-        "backend": rank.backend,
-        "split": args.split,
-        "batch": args.batch,
-        "image_size": args.image_size,
-        "runs": [],
-    }
-    if args.check:
-        result["check"] = check_first_step(trainer, reference, *args.runs[0], lr=args.lr)
-    for schedule, m in args.runs:
-        times = time_run(trainer, schedule, m, args.steps, args.warmup)
-        result["runs"].append({"schedule": schedule, "microbatches": m, "times_s": times})
-    write_result(rank, result)
-    dist.destroy_process_group()
+    with process_group() as rank:
+        torch.set_num_threads(args.threads)
+        torch.manual_seed(args.seed)
+        model = resnet50(args.num_classes)
+        reference = copy.deepcopy(model) if args.check and rank.rank == 0 else None
+        layers = resnet_layers(model, blocks=True)
+        stages = split_layers(layers, split_points_at(layers, args.split.split(",")))
+        if len(stages) != rank.world_size:
+            raise ValueError(
+                f"--split gives {len(stages)} stages but torchrun started {rank.world_size} processes; "
+                "valid: one process per stage (--nproc-per-node = number of cut names + 1)"
+            )
+        images, labels = same_batch(args)
+        trainer = StageTrainer(stages[rank.rank].to(rank.device), rank, images, labels, args.lr)
+        result: dict = {
+            "stages": rank.world_size,
+            "backend": rank.backend,
+            "split": args.split,
+            "batch": args.batch,
+            "image_size": args.image_size,
+            "runs": [],
+        }
+        if args.check:
+            result["check"] = check_first_step(trainer, reference, *args.runs[0], lr=args.lr)
+        for schedule, m in args.runs:
+            times = time_run(trainer, schedule, m, args.steps, args.warmup)
+            result["runs"].append({"schedule": schedule, "microbatches": m, "times_s": times})
+        write_result(rank, result)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import sys
 
 import torch
@@ -19,10 +20,10 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import parallelize_module
 
-from helpers.distributed import init_rank, max_over_ranks, write_result
+from helpers.distributed import max_over_ranks, process_group, write_result
 from helpers.tp_demo import DemoConfig, build_model, parser
 from helpers.tp_dtensor import PLAN
-from helpers.tp_ffn import resolve_device, resolve_dtype
+from helpers.tp_ffn import resolve_dtype
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,12 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dp", type=int, default=2, help="data-parallel groups (the rest is tp)")
     ap.add_argument("--lr", type=float, default=0.1)
     ns = ap.parse_args(argv)
-    config = DemoConfig(**{k: v for k, v in vars(ns).items() if k not in ("json", "dp", "lr")})
+    config = DemoConfig.from_args(ns)
     config.validate()
     dtype = resolve_dtype(config.dtype)
-    on_cpu = resolve_device(config.device).type == "cpu"
-    rank = init_rank("gloo" if on_cpu else config.backend)
-    try:
+    with process_group(config.rank_backend(int(os.environ["WORLD_SIZE"]))[0]) as rank:
         if rank.world_size % ns.dp or config.batch_size % ns.dp:
             raise ValueError(
                 f"--dp {ns.dp} must divide the world size {rank.world_size} and the batch "
@@ -85,8 +84,6 @@ def main(argv: list[str] | None = None) -> int:
             },
         )
         dist.barrier()
-    finally:
-        dist.destroy_process_group()
     return 0
 
 

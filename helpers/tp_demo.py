@@ -35,7 +35,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from helpers.distributed import BACKEND_CHOICES, RESULT_ENV, choose_backend, init_rank, write_result
+from helpers.distributed import (
+    BACKEND_CHOICES,
+    RESULT_ENV,
+    choose_backend,
+    process_group,
+    write_result,
+)
 from helpers.files import atomic_write_json
 from helpers.paths import results_path, shown
 from helpers.profiles import Profile
@@ -117,6 +123,22 @@ class DemoConfig:
         return results_path(
             f"tp_shards/hidden{self.hidden_size}_ffn{self.ffn_size}_world{p}/x"
         ).parent
+
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace) -> DemoConfig:
+        """The ``parser()`` options found in ``ns``; a worker's own extra flags are ignored."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in vars(ns).items() if k in names})
+
+    def rank_backend(self, world_size: int) -> tuple[str, str]:
+        """(backend, reason) for ``world_size`` ranks: gloo on the CPU, else ``choose_backend``."""
+        if resolve_device(self.device).type != "cpu":
+            return choose_backend(world_size, self.backend)
+        if self.backend == "nccl":
+            raise ValueError(
+                "--backend nccl needs --device cuda (one GPU per rank); valid with cpu: gloo or auto"
+            )
+        return "gloo", "gloo on the CPU (--device cpu; NCCL needs one GPU per rank)"
 
     def input_batch(self, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
         """The input (batch, seq, hidden), the same in every mode and on every rank."""
@@ -248,17 +270,8 @@ def run_tp(config: DemoConfig, *, verbose: bool = True) -> dict:
     config.validate()
     dtype = resolve_dtype(config.dtype)
     world = int(os.environ["WORLD_SIZE"])
-    on_cpu = resolve_device(config.device).type == "cpu"
-    if on_cpu and config.backend == "nccl":
-        raise ValueError(
-            "--backend nccl needs --device cuda (one GPU per rank); valid with cpu: gloo or auto"
-        )
-    if on_cpu:
-        backend, reason = "gloo", "gloo on the CPU (--device cpu; NCCL needs one GPU per rank)"
-    else:
-        backend, reason = choose_backend(world, config.backend)
-    rank = init_rank(backend)
-    try:
+    backend, reason = config.rank_backend(world)
+    with process_group(backend) as rank:
         folder = config.folder(world)
         shard = config.load_shard(world, rank.rank).to(rank.device, dtype)
         shard.eval()
@@ -311,8 +324,6 @@ def run_tp(config: DemoConfig, *, verbose: bool = True) -> dict:
         write_result(rank, result)
         dist.barrier()
         return result
-    finally:
-        dist.destroy_process_group()
 
 
 def parser() -> argparse.ArgumentParser:
@@ -351,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = parser()
     ns = ap.parse_args(argv)
     json_path = ns.json
-    config = DemoConfig(**{k: v for k, v in vars(ns).items() if k != "json"})
+    config = DemoConfig.from_args(ns)
     try:
         config.validate()
         resolve_device(config.device)

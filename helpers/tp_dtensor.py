@@ -10,6 +10,7 @@ output equals the hand-made tensor-parallel output (its partial, all-reduced).
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -17,22 +18,20 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from helpers.distributed import init_rank, max_over_ranks, write_result
+from helpers.distributed import max_over_ranks, process_group, write_result
 from helpers.timing import measure
 from helpers.tp_demo import DemoConfig, build_model, parser
-from helpers.tp_ffn import resolve_device, resolve_dtype
+from helpers.tp_ffn import resolve_dtype
 
 PLAN = {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
 
 
 def main(argv: list[str] | None = None) -> int:
     ns = parser().parse_args(argv)
-    config = DemoConfig(**{k: v for k, v in vars(ns).items() if k != "json"})
+    config = DemoConfig.from_args(ns)
     config.validate()
     dtype = resolve_dtype(config.dtype)
-    on_cpu = resolve_device(config.device).type == "cpu"
-    rank = init_rank("gloo" if on_cpu else config.backend)
-    try:
+    with process_group(config.rank_backend(int(os.environ["WORLD_SIZE"]))[0]) as rank:
         mesh = init_device_mesh(rank.device.type, (rank.world_size,))
         model = build_model(config).to(rank.device, dtype).eval()
         parallelize_module(model, mesh, PLAN)
@@ -66,8 +65,6 @@ def main(argv: list[str] | None = None) -> int:
             },
         )
         dist.barrier()
-    finally:
-        dist.destroy_process_group()
     return 0
 
 
