@@ -1,23 +1,28 @@
-"""Code shared by the lessons: one module per concept.
+"""Code shared by the lessons: one package per topic, one concept per module.
 
-Foundation
-- ``paths``, ``files``: where results go; atomic writes and checksums.
-- ``profiles``: the ``small`` and ``full`` size profiles.
-- ``devices``: what the machine has, and N devices for a lesson.
-- ``timing``: warm, repeated, synchronised timings (mean, std, median).
-- ``plotting``: bar charts (plain, grouped, stacked), always saved as PNG.
-- ``show``: display a helper's source or a saved figure in a notebook.
-- ``checks``: compare a parallel model's training step with the single-device one.
-- ``launch``, ``distributed``: run ``torchrun`` safely; the ranks' side of it.
-- ``optional``: import optional components with a clear error.
-- ``run_notebooks``, ``bench``: ``make run`` / ``make refresh`` and ``make bench``.
+The infrastructure
+- ``core``: ``paths`` and ``files`` (results/, atomic writes, verified folders),
+  ``errors`` (one base class), ``profiles`` (small/full sizes), ``devices`` (the one
+  device/backend/dtype decision), ``timing``, ``sizes``, ``checks`` (snapshots and
+  step comparisons), ``plotting``, ``show``, ``optional``.
+- ``distributed``: ``launcher`` (torchrun from a notebook, safely) and ``ranks`` (the
+  rank's side: process group, result file).
+- ``tools``: ``run_notebooks`` (``make run``/``make refresh``) and ``bench`` (``make bench``).
 
-Lessons
-- 01 ``toy``, ``transfer``: the toy model on two devices; the cost of moving activations.
-- 02 ``staging``, ``resnet``: a K-stage split of any layer list; ResNet50 and its loop.
-- 03 ``pipeline``, ``pipeline_worker``, ``pipeline_bench``, ``pipeline_plots``.
-- 04 ``device_map``, ``offload``, ``tiny_lm``: placement under memory budgets.
-- 05 ``tp_ffn``, ``tp_comm``, ``tp_shards``, ``tp_demo``: the tensor-parallel FFN.
-- 06 ``tp_runs``, ``tp_dtensor``, ``tp_2d``: torchrun launches, PyTorch's own tensor
-  parallelism, and a (dp x tp) mesh.
+The lessons
+- 01 ``model_parallel.toy``, ``model_parallel.transfer``: a toy model on two devices; moving
+  activations.
+- 02 ``model_parallel.stages``, ``model_parallel.resnet``: a K-stage split of any layer list;
+  ResNet50 and its training loop.
+- 03 ``pipeline.schedule``, ``pipeline.balance``, ``pipeline.stage_worker``,
+  ``pipeline.measure``, ``pipeline.plots``: micro-batches, balanced cuts, one process per stage.
+- 04 ``placement.planner``, ``placement.report``, ``placement.offload``, ``placement.tiny_lm``:
+  ``device_map="auto"`` by hand and with accelerate.
+- 05 ``tensor_parallel.ffn``, ``tensor_parallel.comm`` (f and g), ``tensor_parallel.proofs``,
+  ``tensor_parallel.shards``, ``tensor_parallel.config``, ``tensor_parallel.native``: the
+  Megatron split of an FFN and its shard files.
+- 06 ``tensor_parallel.ffn_worker``, ``tensor_parallel.dtensor_worker``,
+  ``tensor_parallel.mesh_worker`` (torchrun entry points, named ``*_worker``) and
+  ``tensor_parallel.runs`` (their launches).
+- ``tp_demo``: the source script's command line, a thin layer over ``tensor_parallel``.
 """

@@ -2,7 +2,7 @@ import hashlib
 
 import pytest
 
-from helpers import files
+from helpers.core import files
 
 
 def test_atomic_write_and_checksum(tmp_path):

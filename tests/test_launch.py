@@ -1,48 +1,84 @@
-"""The launcher: results from rank 0, a crashing rank named, a hang killed, no orphans."""
+"""The launcher: results from rank 0, the failing rank named, a hang killed, no orphans."""
 
 import os
 import socket
 import subprocess
-import time
+import sys
 from pathlib import Path
 
 import pytest
 
-from helpers.launch import LaunchError, check_port, free_port, launch
+from helpers.core.errors import LaunchError
+from helpers.distributed import launcher
+from helpers.distributed.launcher import check_port, free_port, launch
 
 HERE = Path(__file__).resolve().parent
-ENV = {"PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+ROOT = HERE.parent
 
 
-def _probe_processes() -> list[str]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "launch_probe" in line and "ps -eo" not in line]
+@pytest.fixture
+def probe(tmp_path):
+    """Launch the probe with its logs and pid files under this test's temporary folder."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    env = {
+        "PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "PROBE_PID_DIR": str(pids),
+    }
+
+    def run(mode, nproc=2, **kwargs):
+        kwargs.setdefault("log_dir", tmp_path / "logs")
+        return launch("launch_probe", [mode], nproc=nproc, env=env, **kwargs)
+
+    run.pids = pids
+    return run
 
 
-def test_result_comes_from_rank_0(tmp_path):
-    result = launch("launch_probe", ["ok"], nproc=2, timeout=120, env=ENV, log_dir=tmp_path)
+def alive(pid_dir: Path) -> list[int]:
+    """The probe processes of this test that still run (zombies count as ended)."""
+    living = []
+    for f in pid_dir.glob("*.pid"):
+        stat = Path(f"/proc/{f.read_text()}/stat")
+        if stat.exists() and stat.read_text().split(") ", 1)[1][0] != "Z":
+            living.append(int(f.read_text()))
+    return living
+
+
+def test_result_comes_from_rank_0(probe, tmp_path):
+    result = probe("ok", timeout=120)
     assert result["sum"] == 3.0 and result["world"] == 2 and result["backend"] == "gloo"
-    assert (tmp_path / "launcher.log").exists()
+    assert (tmp_path / "logs" / "launcher.log").exists()
+    assert len(list(probe.pids.glob("*.pid"))) == 2 and not alive(probe.pids)
 
 
-def test_crashing_rank_is_named_with_its_log_tail(tmp_path):
+def test_cross_rank_maximum_reports_the_rank_that_disagrees(probe):
+    assert probe("disagree", nproc=3, timeout=120)["max_over_ranks"] == 20.0
+
+
+def test_crashing_rank_is_named_with_its_log_tail(probe):
     with pytest.raises(LaunchError, match="on rank 1") as info:
-        launch("launch_probe", ["crash"], nproc=2, timeout=120, env=ENV, log_dir=tmp_path)
+        probe("crash", timeout=120)
     assert info.value.rank == 1
     assert "rank 1 exploded on purpose" in info.value.log_tail
-    assert not _probe_processes()
+    assert not alive(probe.pids)
 
 
-def test_timeout_kills_every_rank(tmp_path):
-    start = time.monotonic()
+def test_two_failing_ranks_report_the_root_cause(probe):
+    """Rank 1 fails first, rank 0 later: the first failure is the one to read."""
+    with pytest.raises(LaunchError, match="on rank 1") as info:
+        probe("crash_both", timeout=120)
+    assert info.value.rank == 1 and "rank 1 exploded on purpose" in info.value.log_tail
+    assert not alive(probe.pids)
+
+
+def test_timeout_kills_every_rank(probe):
     with pytest.raises(LaunchError, match="did not finish within 10 s; every rank was killed"):
-        launch("launch_probe", ["hang"], nproc=2, timeout=10, env=ENV, log_dir=tmp_path)
-    assert time.monotonic() - start < 40
-    time.sleep(0.5)
-    assert not _probe_processes()
+        probe("hang", timeout=10)
+    assert len(list(probe.pids.glob("*.pid"))) == 2
+    assert not alive(probe.pids)
 
 
-def test_ports_are_free_picked_and_taken_ports_refused():
+def test_ports_are_free_picked_and_taken_ports_refused(probe):
     port = free_port()
     assert check_port(port) == port
     with socket.socket() as s:
@@ -50,6 +86,41 @@ def test_ports_are_free_picked_and_taken_ports_refused():
         s.listen()
         taken = s.getsockname()[1]
         with pytest.raises(LaunchError, match=f"port {taken} is already in use"):
-            launch("launch_probe", ["ok"], nproc=1, port=taken, env=ENV)
+            probe("ok", nproc=1, port=taken)
     with pytest.raises(ValueError, match="out of range"):
         check_port(70000)
+    with pytest.raises(ValueError, match="nproc=0"):
+        probe("ok", nproc=0)
+
+
+def test_a_port_taken_after_it_was_picked_is_picked_again(probe, monkeypatch):
+    """The race between picking a free port and torchrun binding it: retried, not failed."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        taken = s.getsockname()[1]
+        picks = iter([taken])
+        real = launcher.free_port
+        monkeypatch.setattr(launcher, "free_port", lambda: next(picks, None) or real())
+        monkeypatch.setattr(launcher, "check_port", lambda p: p)  # as if it was free when picked
+        assert probe("ok", nproc=1, timeout=120)["sum"] == 1.0
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "helpers.tensor_parallel.ffn_worker",
+        "helpers.tensor_parallel.dtensor_worker",
+        "helpers.tensor_parallel.mesh_worker",
+    ],
+)
+def test_a_worker_started_without_torchrun_says_how_to_launch_it(module):
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    run = subprocess.run(
+        [sys.executable, "-m", module, "--device", "cpu"],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 1
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1, run.stderr
+    assert f"launch it with `torchrun --nproc-per-node=2 -m {module}" in lines[0]

@@ -1,6 +1,6 @@
 import pytest
 
-from helpers.optional import require
+from helpers.core.optional import require
 
 
 def test_present_component_is_returned():

@@ -4,19 +4,19 @@ import pytest
 import torch
 from torch import nn
 
-from helpers.checks import compare_steps, training_step
-from helpers.launch import LaunchError
-from helpers.pipeline import (
+from helpers.core.checks import compare_steps, training_step
+from helpers.core.errors import LaunchError
+from helpers.model_parallel.resnet import resnet50, resnet_layers
+from helpers.model_parallel.stages import StagedModel
+from helpers.pipeline.balance import balanced_cut_names, balanced_split_points, layer_flops
+from helpers.pipeline.measure import pipelined_runs, timings_by_run
+from helpers.pipeline.schedule import (
     MicroBatchPipeline,
     accumulated_step,
-    balanced_split_points,
     check_microbatches,
     gpipe_timeline,
     ideal_speedup,
-    layer_flops,
 )
-from helpers.pipeline_bench import balanced_cut_names, pipelined_runs, timings_by_run
-from helpers.staging import StagedModel
 
 CPU = torch.device("cpu")
 
@@ -97,9 +97,19 @@ def test_layer_flops_counts_a_linear_layer():
     assert layer_flops([("l", nn.Linear(10, 4))], torch.randn(3, 10)) == [2 * 3 * 10 * 4]
 
 
-def test_balanced_resnet_cut_is_between_blocks():
-    cut = balanced_cut_names(2, 64)
-    assert len(cut) == 1 and cut[0].startswith("layer")
+def test_balanced_resnet_cut_is_the_best_block_boundary():
+    """No other cut between blocks makes the costlier of the two stages cheaper."""
+    (cut,) = balanced_cut_names(2, 64)
+    layers = resnet_layers(resnet50(), blocks=True)
+    flops = layer_flops(layers, torch.randn(1, 3, 64, 64))
+    names = [n for n, _ in layers]
+
+    def worst(i):
+        return max(sum(flops[:i]), sum(flops[i:]))
+
+    assert cut.startswith("layer") and worst(names.index(cut)) == min(
+        map(worst, range(1, len(names)))
+    )
 
 
 def test_two_process_pipeline_equals_one_process():

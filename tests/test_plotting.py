@@ -1,7 +1,7 @@
 import matplotlib.image as mpimg
 import pytest
 
-from helpers.plotting import bar_chart
+from helpers.core.plotting import bar_chart
 
 
 def test_bar_chart_writes_a_real_png(tmp_path):
@@ -27,7 +27,7 @@ def test_bar_chart_rejects_mismatched_lengths(tmp_path):
 
 
 def test_grouped_and_stacked_charts(tmp_path):
-    from helpers.plotting import grouped_bar_chart, stacked_bar_chart
+    from helpers.core.plotting import grouped_bar_chart, stacked_bar_chart
 
     grouped = grouped_bar_chart(
         ["p = 1", "p = 2"],

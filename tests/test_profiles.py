@@ -1,6 +1,6 @@
 import pytest
 
-from helpers import profiles
+from helpers.core import profiles
 
 
 def test_named_profiles_and_env_var(monkeypatch):

@@ -1,8 +1,7 @@
-import time
-
 import pytest
 
-from helpers.timing import Timing, measure, relative_difference
+from helpers.core import timing
+from helpers.core.timing import Timing, measure, relative_difference
 
 
 def test_statistics():
@@ -13,17 +12,29 @@ def test_statistics():
     assert "x: 4.0000 s +- 4.0825 s" in str(t)
 
 
-def test_warmup_is_excluded_and_repeats_counted():
+def test_warmup_is_excluded_and_repeats_counted(monkeypatch):
+    """A fake clock: the warm-up call costs 100 s, every later one 1 s; only the latter count."""
+    now = [0.0]
+    monkeypatch.setattr(timing, "synchronized_clock", lambda: now[0])
     calls = []
 
     def fn():
-        # the first call is slow, as a cold start would be
-        time.sleep(0.05 if not calls else 0.001)
+        now[0] += 100.0 if not calls else 1.0
         calls.append(1)
 
     t = measure(fn, repeats=4, warmup=1, label="f")
-    assert len(calls) == 5 and len(t.times) == 4
-    assert max(t.times) < 0.04  # the slow first call was not timed
+    assert len(calls) == 5 and t.times == [1.0, 1.0, 1.0, 1.0]
+
+
+def test_as_dict_carries_every_statistic():
+    d = Timing("x", [3.0, 1.0, 2.0]).as_dict()
+    assert d == {
+        "times_s": [3.0, 1.0, 2.0],
+        "mean_s": 2.0,
+        "std_s": 1.0,
+        "min_s": 1.0,
+        "max_s": 3.0,
+    }
 
 
 def test_relative_difference():

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from helpers.checks import compare_training_step
-from helpers.toy import ToyModel, copy_to_one_device, parameter_table
+from helpers.core.checks import compare_training_step
+from helpers.model_parallel.toy import ToyModel, copy_to_one_device, parameter_table
 
 
 def test_split_toy_model_matches_single_device():

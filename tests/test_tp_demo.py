@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers.launch import LaunchError, launch
-from helpers.tp_demo import DemoConfig, main, parser
-from helpers.tp_ffn import checksums_match
+from helpers.core.errors import LaunchError
+from helpers.distributed.launcher import launch
+from helpers.tensor_parallel.config import DemoConfig, parser
+from helpers.tensor_parallel.proofs import checksums_match
+from helpers.tp_demo import main
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -57,7 +59,7 @@ def test_native_mode_prints_the_sources_lines_and_writes_the_shards(tmp_path):
     assert any(
         x.startswith("[INFO] tp_simulate: shape:torch.Size([2, 16, 64]),sum:") for x in lines
     )
-    assert lines[-1].startswith("[INFO] check: |tp_simulate sum - native sum|")
+    assert lines[-1].startswith("[INFO] check: max |tp_simulate - native| = ")
     assert lines[-1].endswith("OK")
     assert sorted(p.name for p in shards.iterdir()) == sorted(
         [f"fc{i}_{r}.bin" for i in (1, 2) for r in range(4)] + ["manifest.json"]
@@ -93,7 +95,10 @@ def test_bad_options_are_named_and_nothing_is_written(tmp_path, capsys, args, me
 def test_tp_mode_without_torchrun_says_how_to_launch(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert main([*SMALL, "--mode", "tp", "--shard_dir", str(tmp_path)]) == 1
-    assert "runs under torchrun" in capsys.readouterr().err
+    assert (
+        "torchrun --nproc-per-node=2 -m helpers.tensor_parallel.ffn_worker"
+        in capsys.readouterr().err
+    )
 
 
 @pytest.mark.slow
@@ -103,6 +108,7 @@ def test_two_gloo_ranks_match_native(tmp_path):
     assert tp["mode"] == "tp" and tp["world_size"] == 2 and tp["backend"] == "gloo"
     assert tp["shape"] == native["shape"]
     assert checksums_match(native, tp), (native["checksum"], tp["checksum"])
+    assert tp["output_agrees"] and tp["output_max_diff"] <= tp["output_tolerance"]
     assert len(tp["times_s"]) == len(tp["compute_times_s"]) == len(tp["allreduce_times_s"]) == 4
     assert tp["allreduce_bytes_per_rank"] == 2 * 16 * 64 * 2  # 2(p-1)/p = 1 of 2x16x64 fp16
     log = next((tmp_path / "logs").glob("**/attempt_*/0/stdout.log")).read_text()
@@ -116,13 +122,6 @@ def test_missing_shards_fail_with_the_ranks_message(tmp_path):
     with pytest.raises(LaunchError, match="failed") as info:
         launch("helpers.tp_demo", args, nproc=2, timeout=240, log_dir=tmp_path / "logs")
     assert "manifest.json is missing" in info.value.log_tail
-
-
-@pytest.mark.slow
-def test_f_and_g_give_the_full_models_gradients_across_two_ranks(tmp_path):
-    env = {"PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    result = launch("tp_backward_probe", nproc=2, timeout=240, env=env, log_dir=tmp_path)
-    assert result["worst_all_ranks"] <= 1e-6, result
 
 
 def test_config_round_trips_through_its_arguments():

@@ -3,21 +3,18 @@
 import pytest
 import torch
 
-from helpers.tp_comm import tp_cost
-from helpers.tp_ffn import (
+from helpers.core.devices import resolve_device, resolve_dtype
+from helpers.tensor_parallel.comm import tp_cost
+from helpers.tensor_parallel.ffn import (
     FeedForward,
     FeedForwardShard,
     check_split,
-    checksum,
-    checksum_tolerance,
     make_input,
     make_shards,
-    output_tolerance,
-    resolve_device,
-    resolve_dtype,
     split_weights,
     tp_simulate,
 )
+from helpers.tensor_parallel.proofs import checksum, checksum_tolerance, output_tolerance
 
 
 def _model(hidden=32, ffn=64, activation="none"):
@@ -137,7 +134,7 @@ def test_bad_rank_device_dtype_activation():
         resolve_device("tpu")
     with pytest.raises(ValueError, match=r"unknown device 'gpu0'"):
         resolve_device("gpu0")
-    with pytest.raises(ValueError, match=r"'cuda' needs a CUDA GPU.*valid choices here: cpu"):
+    with pytest.raises(ValueError, match=r"'cuda' needs a CUDA GPU.*valid: cpu"):
         resolve_device("cuda")
     assert resolve_device("cpu") == torch.device("cpu")
     with pytest.raises(ValueError, match=r"unknown dtype 'half'; valid choices: float32, float16"):

@@ -1,0 +1,161 @@
+"""Prove before measuring: one training step of two models, compared.
+
+The reference runs on one device, the candidate is split across devices. From
+identical weights and inputs, both take one SGD step; we compare the outputs, the
+loss, every gradient and every updated weight (parameters matched in order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one training step produced, copied to the CPU."""
+
+    output: torch.Tensor
+    loss: float
+    grads: list[tuple[str, torch.Tensor]]
+    weights: list[tuple[str, torch.Tensor]]
+
+
+Named = list[tuple[str, torch.Tensor]]
+
+
+def snapshot(model: nn.Module) -> tuple[Named, Named]:
+    """(gradients, weights) of every parameter, by name, copied to the CPU."""
+    params = list(model.named_parameters())
+    grads = [
+        (
+            n,
+            p.grad.detach().cpu().clone()
+            if p.grad is not None
+            else torch.zeros_like(p, device="cpu"),
+        )
+        for n, p in params
+    ]
+    return grads, [(n, p.detach().cpu().clone()) for n, p in params]
+
+
+def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest element-wise |a - b|, computed in float64 (shapes must match)."""
+    if a.shape != b.shape:
+        raise ValueError(
+            f"shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}; compare like with like"
+        )
+    if a.numel() == 0:
+        return 0.0
+    return (a.detach().double().cpu() - b.detach().double().cpu()).abs().max().item()
+
+
+def training_step(
+    model: nn.Module,
+    inputs: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    lr: float = 0.01,
+) -> StepResult:
+    """Forward in training mode, backward, one SGD step; labels go to the output's device."""
+    loss_fn = loss_fn or nn.MSELoss()
+    model.train(True)  # a *training* step: BatchNorm uses the batch's statistics
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    optimizer.zero_grad()
+    output = model(inputs)
+    loss = loss_fn(output, labels.to(output.device))
+    loss.backward()
+    grads, _ = snapshot(model)
+    optimizer.step()
+    _, weights = snapshot(model)
+    return StepResult(output.detach().cpu(), loss.item(), grads, weights)
+
+
+def _max_diff(
+    a: list[tuple[str, torch.Tensor]], b: list[tuple[str, torch.Tensor]]
+) -> tuple[float, str]:
+    if len(a) != len(b):
+        raise ValueError(f"the models have {len(a)} and {len(b)} parameters; they must match")
+    worst, where = 0.0, ""
+    for (name_a, ta), (name_b, tb) in zip(a, b, strict=True):
+        if ta.shape != tb.shape:
+            raise ValueError(f"parameter {name_a} {tuple(ta.shape)} != {name_b} {tuple(tb.shape)}")
+        d = max_abs_diff(ta, tb)
+        if d > worst or not where:
+            worst, where = d, name_b
+    return worst, where
+
+
+@dataclass(frozen=True)
+class StepComparison:
+    """Largest absolute differences between two training steps."""
+
+    output: float
+    loss: float
+    grads: float
+    weights: float
+    worst_grad: str
+    worst_weight: str
+
+    def rows(self) -> list[tuple[str, float]]:
+        grads = f"gradients (worst: {self.worst_grad})" if self.grads else "gradients (all)"
+        weights = (
+            f"updated weights (worst: {self.worst_weight})"
+            if self.weights
+            else "updated weights (all)"
+        )
+        return [
+            ("outputs", self.output),
+            ("loss", self.loss),
+            (grads, self.grads),
+            (weights, self.weights),
+        ]
+
+    def report(self, atol: float) -> str:
+        """A table of the differences, each marked OK or FAILED against ``atol``."""
+        lines, width = [], max(48, *(len(what) for what, _ in self.rows()))
+        for what, diff in self.rows():
+            value = "= 0 (bitwise identical)" if diff == 0 else f"≈ {diff:.1e}"
+            verdict = "OK" if diff <= atol else "FAILED"
+            lines.append(f"{what:<{width}} max |diff| {value:<24} {verdict} (tolerance {atol:g})")
+        return "\n".join(lines)
+
+    def check(self, atol: float) -> str:
+        """The report; raises AssertionError naming what differs when a value exceeds ``atol``."""
+        text = self.report(atol)
+        bad = [what for what, diff in self.rows() if diff > atol]
+        if bad:
+            raise AssertionError(f"differs beyond tolerance {atol:g}: {', '.join(bad)}\n{text}")
+        return text
+
+
+def compare_steps(reference: StepResult, candidate: StepResult) -> StepComparison:
+    """Compare two training steps' results."""
+    grads, worst_grad = _max_diff(reference.grads, candidate.grads)
+    weights, worst_weight = _max_diff(reference.weights, candidate.weights)
+    return StepComparison(
+        output=max_abs_diff(reference.output, candidate.output),
+        loss=abs(reference.loss - candidate.loss),
+        grads=grads,
+        weights=weights,
+        worst_grad=worst_grad,
+        worst_weight=worst_weight,
+    )
+
+
+def compare_training_step(
+    reference: nn.Module,
+    candidate: nn.Module,
+    inputs: torch.Tensor,
+    labels: torch.Tensor,
+    **step_kwargs,
+) -> StepComparison:
+    """One training step of each model on the same batch, compared."""
+    return compare_steps(
+        training_step(reference, inputs, labels, **step_kwargs),
+        training_step(candidate, inputs, labels, **step_kwargs),
+    )

@@ -1,0 +1,100 @@
+"""The worker side of a ``torchrun`` launch: this rank, its process group, its result.
+
+Device and backend come from ``helpers.core.devices.plan_devices``: NCCL with one GPU
+per rank, else gloo on the CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from helpers.core.devices import plan_devices
+from helpers.core.errors import NotUnderTorchrunError, TutorialError
+from helpers.core.files import atomic_write_json
+
+RESULT_ENV = "TUTORIAL_RESULT_FILE"
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def torchrun_world_size(module: str) -> int:
+    """``WORLD_SIZE`` set by torchrun; a one-line error saying how to launch ``module`` if not."""
+    missing = [v for v in TORCHRUN_VARS if v not in os.environ]
+    if missing:
+        raise NotUnderTorchrunError(
+            f"{module} is one rank of a torchrun launch, but {', '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not set; launch it with "
+            f"`torchrun --nproc-per-node=2 -m {module} ...` (or helpers.distributed.launcher.launch)"
+        )
+    return int(os.environ["WORLD_SIZE"])
+
+
+@dataclass(frozen=True)
+class Rank:
+    """This process's place in the launch."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+    reason: str
+
+
+def init_rank(module: str = "this module", *, device: str = "auto", backend: str = "auto") -> Rank:
+    """Join the process group that ``torchrun`` set up (env:// rendezvous)."""
+    world_size = torchrun_world_size(module)
+    local_rank = int(os.environ["LOCAL_RANK"])
+    plan = plan_devices(world_size, processes=True, device=device, backend=backend)
+    local = plan.devices[0]
+    if plan.backend == "nccl":
+        local = torch.device("cuda", local_rank)
+        torch.cuda.set_device(local)
+    dist.init_process_group(
+        backend=plan.backend, device_id=local if plan.backend == "nccl" else None
+    )
+    return Rank(
+        dist.get_rank(), dist.get_world_size(), local_rank, local, plan.backend, plan.reason
+    )
+
+
+@contextmanager
+def process_group(
+    module: str = "this module", *, device: str = "auto", backend: str = "auto"
+) -> Iterator[Rank]:
+    """``init_rank`` for the body of a ``with``; the process group is destroyed on the way out."""
+    rank = init_rank(module, device=device, backend=backend)
+    try:
+        yield rank
+    finally:
+        dist.destroy_process_group()
+
+
+def max_over_ranks(value: float, rank: Rank) -> float:
+    """The largest ``value`` of all ranks, on every rank (on the rank's device, as NCCL needs)."""
+    t = torch.tensor([value], dtype=torch.float64, device=rank.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def write_result(rank: Rank, result: dict) -> None:
+    """Rank 0 hands its JSON result to the launcher (atomically); other ranks do nothing."""
+    path = os.environ.get(RESULT_ENV)
+    if rank.rank == 0 and path:
+        atomic_write_json(path, result)
+
+
+def worker_main(module: str, run: Callable[[], object]) -> int:
+    """Run a worker's body; its own failures and bad arguments end in one line on stderr."""
+    try:
+        run()
+    except (TutorialError, ValueError) as error:
+        print(f"{module}: error: {error}", file=sys.stderr, flush=True)
+        return 1
+    return 0

@@ -1,0 +1,216 @@
+"""Measure single device vs naive model parallel vs pipelined ResNet50 training, in one run.
+
+Used by lesson 03 and by ``make bench``. On a CPU each pipeline stage is a process with
+one thread, compared with one process with one thread (and, for honesty, with one
+process using as many threads as there are stages).
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from helpers.core.devices import plan_devices
+from helpers.core.timing import Timing, measure
+from helpers.distributed.launcher import launch
+from helpers.model_parallel.resnet import one_hot_labels, resnet50, resnet_layers
+from helpers.model_parallel.stages import StagedModel
+from helpers.pipeline.balance import balanced_cut_names
+from helpers.pipeline.schedule import MicroBatchPipeline, ideal_speedup
+
+
+def _step_fn(model: nn.Module, images: torch.Tensor, labels: torch.Tensor):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = nn.MSELoss()
+
+    def step() -> None:
+        optimizer.zero_grad()
+        loss_fn(model(images), labels).backward()
+        optimizer.step()
+
+    return step
+
+
+def cost_per_image(
+    image_sizes: Sequence[int], batches: Sequence[int], *, repeats: int = 2, warmup: int = 1
+) -> dict[tuple[int, int], float]:
+    """Seconds per image of a ResNet50 forward + backward, one CPU thread, per (size, batch)."""
+    model = resnet50()
+    threads = torch.get_num_threads()
+    costs = {}
+    try:
+        torch.set_num_threads(1)
+        for size in image_sizes:
+            for batch in batches:
+                images = torch.randn(batch, 3, size, size)
+                timing = measure(
+                    lambda x=images: model(x).sum().backward(), repeats=repeats, warmup=warmup
+                )
+                costs[(size, batch)] = timing.mean / batch
+    finally:
+        torch.set_num_threads(threads)
+    return costs
+
+
+def in_process_timings(
+    batch: int,
+    image_size: int,
+    stages: int,
+    microbatches: int,
+    cut: Sequence[str],
+    *,
+    repeats: int,
+    warmup: int,
+    devices: Sequence[torch.device] | None = None,
+    num_classes: int = 1000,
+) -> dict[str, Timing]:
+    """Training-step timings in this process, on ``devices`` (default: the CPU).
+
+    On the CPU every variant runs with one thread, like one stage process, and the single
+    model once more with ``stages`` threads (the fair competitor for ``stages`` cores).
+    """
+    devices = list(devices or [torch.device("cpu")] * stages)
+    on_cpu = devices[0].type == "cpu"
+    torch.manual_seed(0)
+    images = torch.randn(batch, 3, image_size, image_size).to(devices[0])
+    labels = one_hot_labels(torch.randint(0, num_classes, (batch,)), num_classes)
+    single = resnet50(num_classes).to(devices[0])
+    layers = resnet_layers(copy.deepcopy(single), blocks=True)
+    names = [n for n, _ in layers]
+    staged = StagedModel(layers, [names.index(c) for c in cut], devices)
+    micro = MicroBatchPipeline(staged, microbatches)
+    where = "1 thread" if on_cpu else ", ".join(sorted({str(d) for d in devices}))
+    variants = [
+        ("single", f"single process, {'1 thread' if on_cpu else devices[0]}", single, devices[0]),
+        ("naive_mp", f"naive model parallel, {stages} stages, {where}", staged, devices[-1]),
+        (
+            "microbatched",
+            f"in-process micro-batches (M={microbatches}), {where}",
+            micro,
+            devices[-1],
+        ),
+    ]
+    threads = torch.get_num_threads()
+    timings = {}
+    try:
+        if on_cpu:
+            torch.set_num_threads(1)
+        for key, label, model, out_device in variants:
+            step = _step_fn(model, images, labels.to(out_device))
+            timings[key] = measure(step, repeats=repeats, warmup=warmup, label=label, progress=True)
+        if on_cpu:
+            torch.set_num_threads(stages)
+            timings["single_threads"] = measure(
+                _step_fn(single, images, labels),
+                repeats=repeats,
+                warmup=warmup,
+                label=f"single process, {stages} threads",
+                progress=True,
+            )
+    finally:
+        torch.set_num_threads(threads)
+    return timings
+
+
+def pipelined_runs(
+    batch: int,
+    image_size: int,
+    stages: int,
+    runs: Sequence[tuple[str, int]],
+    cut: Sequence[str],
+    *,
+    steps: int,
+    warmup: int,
+    check: bool = True,
+    num_classes: int = 1000,
+    timeout: float = 1800,
+) -> dict:
+    """Launch one process per stage; time each (schedule, micro-batches) run; check the first."""
+    options = {
+        "--batch": batch,
+        "--image-size": image_size,
+        "--runs": ",".join(f"{s}:{m}" for s, m in runs),
+        "--split": ",".join(cut),
+        "--steps": steps,
+        "--warmup": warmup,
+        "--num-classes": num_classes,
+    }
+    args = [str(x) for pair in options.items() for x in pair] + (["--check"] if check else [])
+    return launch("helpers.pipeline.stage_worker", args, nproc=stages, timeout=timeout)
+
+
+def timings_by_run(piped: dict) -> dict[tuple[str, int], Timing]:
+    """The launch's timed runs keyed by (schedule, micro-batches)."""
+    return {
+        (r["schedule"], r["microbatches"]): Timing(
+            f"pipelined, {r['schedule']}, M={r['microbatches']}", r["times_s"]
+        )
+        for r in piped["runs"]
+    }
+
+
+def pipeline_section(
+    batch: int = 32,
+    image_size: int = 128,
+    stages: int = 2,
+    microbatches: int = 4,
+    sweep: Sequence[int] = (1, 2, 4, 8),
+    *,
+    repeats: int = 5,
+    warmup: int = 2,
+) -> dict:
+    """The ``pipeline`` section of bench.json: all timings from the same run."""
+    cut = balanced_cut_names(stages, image_size)
+    local = in_process_timings(
+        batch,
+        image_size,
+        stages,
+        microbatches,
+        cut,
+        repeats=repeats,
+        warmup=warmup,
+        devices=plan_devices(stages, processes=True).devices,
+    )
+    runs = [("gpipe", microbatches), ("1f1b", microbatches)]
+    runs += [("gpipe", m) for m in sorted(set(sweep) - {microbatches})]
+    piped = pipelined_runs(batch, image_size, stages, runs, cut, steps=repeats, warmup=warmup)
+    timed = timings_by_run(piped)
+    gpipe = timed[("gpipe", microbatches)]
+    single = local["single"]
+    return {
+        "stages": stages,
+        "microbatches": microbatches,
+        "batch": batch,
+        "image_size": image_size,
+        "cut_before": cut,
+        "single_s": single.mean,
+        "naive_mp_s": local["naive_mp"].mean,
+        "pipelined_s": gpipe.mean,
+        "speedup": single.mean / gpipe.mean,
+        "ideal_speedup": ideal_speedup(stages, microbatches),
+        "efficiency": single.mean / gpipe.mean / ideal_speedup(stages, microbatches),
+        "naive_vs_single": (local["naive_mp"].mean - single.mean) / single.mean,
+        "std_s": {"single": single.std, "naive_mp": local["naive_mp"].std, "pipelined": gpipe.std},
+        "single_all_threads_s": local["single_threads"].mean if "single_threads" in local else None,
+        "inprocess_microbatched_s": local["microbatched"].mean,
+        "sweep": [
+            {
+                "schedule": s,
+                "microbatches": m,
+                "mean_s": t.mean,
+                "std_s": t.std,
+                "speedup": single.mean / t.mean,
+                "ideal_speedup": ideal_speedup(stages, m),
+            }
+            for (s, m), t in sorted(timed.items())
+        ],
+        "check": piped.get("check"),
+        "backend": piped["backend"],
+        "threads_per_stage": 1 if piped["backend"] == "gloo" else None,
+        "repeats": repeats,
+        "median_s": {"single": statistics.median(single.times), "pipelined": gpipe.median},
+    }

@@ -1,0 +1,199 @@
+"""One pipeline stage per process: ``torchrun --nproc-per-node=K -m helpers.pipeline.stage_worker``.
+
+Every rank builds the same ResNet50 (same seed), keeps only its stage, and trains it with
+``torch.distributed.pipelining`` (GPipe or 1F1B schedule). With ``--check`` the first step
+is compared, on rank 0, with the single-process reference: gradients accumulated over
+the same micro-batches, one SGD step. Rank 0 returns everything as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+from helpers.core.checks import StepResult, compare_steps, snapshot
+from helpers.core.errors import NotUnderTorchrunError
+from helpers.core.timing import synchronized_clock
+from helpers.distributed.ranks import Rank, process_group, write_result
+from helpers.model_parallel.resnet import one_hot_labels, resnet50, resnet_layers, split_points_at
+from helpers.model_parallel.stages import split_layers
+from helpers.pipeline.schedule import accumulated_step, check_microbatches
+
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+MODULE = "helpers.pipeline.stage_worker"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--batch", type=int, required=True)
+    p.add_argument("--image-size", type=int, required=True)
+    p.add_argument(
+        "--runs",
+        required=True,
+        help="schedule:micro-batches pairs, e.g. gpipe:1,gpipe:4,1f1b:4 (the first is checked)",
+    )
+    p.add_argument("--split", required=True, help="comma-separated layer names to cut before")
+    p.add_argument("--num-classes", type=int, default=1000)
+    p.add_argument("--steps", type=int, default=3, help="timed training steps per run")
+    p.add_argument("--warmup", type=int, default=1, help="untimed training steps per run")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per stage process")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--check", action="store_true", help="compare the first step with one process")
+    args = p.parse_args(argv)
+    try:
+        args.runs = [(name, int(m)) for name, m in (r.split(":") for r in args.runs.split(","))]
+    except ValueError:
+        p.error(f"--runs {args.runs!r}: valid form is schedule:count[,schedule:count...]")
+    unknown = sorted({name for name, _ in args.runs} - set(SCHEDULES))
+    if unknown:
+        p.error(f"unknown schedule(s) {unknown}; valid: {sorted(SCHEDULES)}")
+    for _, m in args.runs:
+        check_microbatches(args.batch, m)
+    return args
+
+
+def same_batch(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same random batch on every rank (its own seeded generator)."""
+    g = torch.Generator().manual_seed(args.seed + 1)
+    images = torch.randn(args.batch, 3, args.image_size, args.image_size, generator=g)
+    classes = torch.randint(0, args.num_classes, (args.batch,), generator=g)
+    return images, one_hot_labels(classes, args.num_classes)
+
+
+class StageTrainer:
+    """This rank's stage, its optimizer, and one training step per schedule."""
+
+    def __init__(
+        self, module: nn.Module, rank: Rank, images: torch.Tensor, labels: torch.Tensor, lr: float
+    ):
+        self.module, self.rank = module, rank
+        self.images, self.labels = images.to(rank.device), labels.to(rank.device)
+        self.optimizer = torch.optim.SGD(module.parameters(), lr=lr)
+
+    def step_fn(
+        self, schedule: str, microbatches: int
+    ) -> Callable[[], tuple[float, torch.Tensor | None]]:
+        """A function running one training step; returns (mean loss, output on the last rank)."""
+        rank = self.rank
+        stage = PipelineStage(self.module, rank.rank, rank.world_size, rank.device)
+        pipe = SCHEDULES[schedule](stage, microbatches, loss_fn=nn.MSELoss())
+        first, last = rank.rank == 0, rank.rank == rank.world_size - 1
+
+        def step() -> tuple[float, torch.Tensor | None]:
+            self.optimizer.zero_grad()
+            losses: list[torch.Tensor] = []
+            output = None
+            if first:
+                pipe.step(self.images)
+            elif last:
+                output = pipe.step(target=self.labels, losses=losses)
+            else:
+                pipe.step()
+            self.optimizer.step()
+            # the last stage holds the micro-batch losses; every rank learns their mean
+            mean = (
+                torch.stack(losses).mean().detach()
+                if losses
+                else torch.zeros((), device=rank.device)
+            )
+            dist.all_reduce(mean)  # NCCL needs the tensor on the rank's GPU
+            return mean.item(), output
+
+        return step
+
+
+def check_first_step(
+    trainer: StageTrainer, reference: nn.Module | None, schedule: str, m: int, lr: float
+) -> dict | None:
+    """Pipelined step vs one-process accumulated step; the comparison, on rank 0."""
+    loss, output = trainer.step_fn(schedule, m)()
+    mine = (
+        *snapshot(trainer.module),
+        None if output is None else output.detach().cpu(),
+    )
+    gathered: list | None = [None] * trainer.rank.world_size if trainer.rank.rank == 0 else None
+    dist.gather_object(mine, gathered, dst=0)
+    if gathered is None or reference is None:
+        return None
+    ref = accumulated_step(reference, trainer.images.cpu(), trainer.labels.cpu(), m, lr=lr)
+    piped = StepResult(
+        output=gathered[-1][2],
+        loss=loss,
+        grads=[g for part in gathered for g in part[0]],
+        weights=[w for part in gathered for w in part[1]],
+    )
+    c = compare_steps(ref, piped)
+    return {
+        "schedule": schedule,
+        "microbatches": m,
+        "loss_pipelined": loss,
+        "loss_reference": ref.loss,
+        "output_diff": c.output,
+        "loss_diff": c.loss,
+        "grad_diff": c.grads,
+        "weight_diff": c.weights,
+        "worst_grad": c.worst_grad,
+        "worst_weight": c.worst_weight,
+    }
+
+
+def time_run(trainer: StageTrainer, schedule: str, m: int, steps: int, warmup: int) -> list[float]:
+    """Seconds per training step, all stages finished (barrier before and after)."""
+    step = trainer.step_fn(schedule, m)
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(steps):
+        dist.barrier()
+        start = synchronized_clock()
+        step()
+        dist.barrier()
+        times.append(synchronized_clock() - start)
+    return times
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    with process_group(MODULE) as rank:
+        torch.set_num_threads(args.threads)
+        torch.manual_seed(args.seed)
+        model = resnet50(args.num_classes)
+        reference = copy.deepcopy(model) if args.check and rank.rank == 0 else None
+        layers = resnet_layers(model, blocks=True)
+        stages = split_layers(layers, split_points_at(layers, args.split.split(",")))
+        if len(stages) != rank.world_size:
+            raise ValueError(
+                f"--split gives {len(stages)} stages but torchrun started {rank.world_size} processes; "
+                "valid: one process per stage (--nproc-per-node = number of cut names + 1)"
+            )
+        images, labels = same_batch(args)
+        trainer = StageTrainer(stages[rank.rank].to(rank.device), rank, images, labels, args.lr)
+        result: dict = {
+            "stages": rank.world_size,
+            "backend": rank.backend,
+            "split": args.split,
+            "batch": args.batch,
+            "image_size": args.image_size,
+            "runs": [],
+        }
+        if args.check:
+            result["check"] = check_first_step(trainer, reference, *args.runs[0], lr=args.lr)
+        for schedule, m in args.runs:
+            times = time_run(trainer, schedule, m, args.steps, args.warmup)
+            result["runs"].append({"schedule": schedule, "microbatches": m, "times_s": times})
+        write_result(rank, result)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except NotUnderTorchrunError as error:
+        sys.exit(f"{MODULE}: error: {error}")

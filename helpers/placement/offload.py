@@ -1,0 +1,156 @@
+"""Lesson 04: run a model whose layers live on GPU, CPU and disk, with accelerate.
+
+``accelerate.dispatch_model`` attaches a hook to every module: before the module runs,
+its weights are brought to the execution device (from CPU memory, or read back from a
+file of the offload folder), and after it runs they are dropped again. The offloaded
+parameters themselves stay on the ``meta`` device: a shape and a dtype, no data.
+
+``dispatch_model`` writes the offload folder itself when it finds no ``index.json``,
+and reuses any folder that has one, even a half-written or stale one. So the folder is
+written first as a verified folder (``helpers.core.files``): complete, checksummed,
+renamed into place; reused only when its manifest matches the weights to offload.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from helpers.core.files import (
+    MANIFEST,
+    folder_matches,
+    remove_verified_folder,
+    sha256_bytes,
+    write_verified_folder,
+)
+from helpers.core.optional import quiet_logs, require
+from helpers.core.paths import display_path
+from helpers.placement.planner import Device, tensor_devices
+
+FORMAT = "offload/1"
+ACCELERATE_LOGGERS = ("accelerate.utils.modeling", "accelerate.big_modeling")
+
+
+def tensor_sha256(tensor: torch.Tensor) -> str:
+    """SHA-256 of a tensor's bytes (as a file of the offload folder holds them)."""
+    flat = tensor.detach().cpu().contiguous().reshape(-1)
+    return sha256_bytes(flat.view(torch.uint8).numpy().tobytes())
+
+
+def disk_tensors(model: nn.Module, device_map: Mapping[str, Device]) -> dict[str, torch.Tensor]:
+    """The parameters and buffers that ``device_map`` sends to ``"disk"``, by name."""
+    on_disk = {n for n, d in tensor_devices(model, device_map).items() if d == "disk"}
+    return {n: t for n, t in model.state_dict().items() if n in on_disk}
+
+
+@dataclass(frozen=True)
+class OffloadFolder:
+    """A complete offload folder: where it is, what it holds, and whether it was reused."""
+
+    path: Path
+    tensors: dict[str, str]  # name -> sha256 of its file
+    nbytes: int
+    reused: bool
+
+    def file_of(self, name: str) -> Path:
+        """The file that holds tensor ``name``."""
+        return self.path / f"{name}.dat"
+
+    def describe(self) -> str:
+        """One line: where, how many tensors, how many bytes; checksums verified."""
+        return (
+            f"{display_path(self.path)}/: {len(self.tensors)} tensor files + index.json + {MANIFEST}, "
+            f"{self.nbytes:,} bytes, every file verified against its SHA-256"
+        )
+
+
+def write_offload_folder(tensors: Mapping[str, torch.Tensor], folder: str | Path) -> OffloadFolder:
+    """Offload ``tensors`` to ``folder`` (accelerate's format), atomically; reuse it if it matches."""
+    offload_state_dict = require("accelerate.utils", "disk offload").offload_state_dict
+    if not tensors:
+        raise ValueError("nothing to offload: the device map sends no tensor to 'disk'")
+    folder = Path(folder)
+    meta = {"format": FORMAT, "tensors": {n: tensor_sha256(t) for n, t in tensors.items()}}
+    nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+    reused = folder_matches(folder, meta)
+    if not reused:
+        cpu = {n: t.detach().cpu() for n, t in tensors.items()}
+        write_verified_folder(folder, lambda tmp: offload_state_dict(str(tmp), cpu), meta=meta)
+    return OffloadFolder(folder, meta["tensors"], nbytes, reused=reused)
+
+
+def remove_offload_folder(folder: str | Path) -> None:
+    """Delete an offload folder and any leftovers of interrupted writes beside it."""
+    remove_verified_folder(folder)
+
+
+def accelerate_device_map(
+    model: nn.Module,
+    max_memory: Mapping[Device, int | str],
+    *,
+    no_split: list[str] | None = None,
+    dtype: torch.dtype | None = None,
+) -> dict[str, Device]:
+    """``accelerate.infer_auto_device_map`` with these budgets (GPU indices may be hypothetical).
+
+    On a machine without those GPUs accelerate logs "Device N is not available"; planning is
+    only arithmetic, so that one message is dropped.
+    """
+    accelerate = require("accelerate", "device_map='auto' planning")
+    if no_split is None:
+        no_split = list(getattr(model, "_no_split_modules", None) or [])
+    with quiet_logs(ACCELERATE_LOGGERS, "is not available, available devices are"):
+        return dict(
+            accelerate.infer_auto_device_map(
+                model, max_memory=dict(max_memory), no_split_module_classes=no_split, dtype=dtype
+            )
+        )
+
+
+def dispatch_with_offload(
+    model: nn.Module,
+    device_map: Mapping[str, Device],
+    folder: str | Path,
+    *,
+    main_device: torch.device | str | int | None = None,
+) -> OffloadFolder | None:
+    """Dispatch ``model`` in place along ``device_map``; its "disk" part goes to ``folder``.
+
+    Returns the offload folder (``None`` when nothing goes to disk). The folder is written
+    completely and verified before ``dispatch_model`` sees it.
+    """
+    accelerate = require("accelerate", "dispatching a model across devices")
+    offload = None
+    to_disk = disk_tensors(model, device_map)
+    if to_disk:
+        offload = write_offload_folder(to_disk, folder)
+    with quiet_logs(ACCELERATE_LOGGERS, "Some parameters are on the meta device"):
+        accelerate.dispatch_model(
+            model,
+            dict(device_map),
+            main_device=main_device,
+            offload_dir=str(offload.path) if offload else None,
+        )
+    return offload
+
+
+def parameter_listing(
+    model: nn.Module, device_map: Mapping[str, Device], offload: OffloadFolder | None = None
+) -> str:
+    """Each parameter's index, device and dtype as the source prints them, and where its data is."""
+    placed = tensor_devices(model, device_map)
+    width = max(len(n) for n, _ in model.named_parameters())
+    lines = [f"{'#':>3}  {'parameter':<{width}}  {'device':<7} {'dtype':<14} data"]
+    for i, (name, p) in enumerate(model.named_parameters()):
+        if p.device.type != "meta":
+            where = f"in memory on {p.device}"
+        elif placed[name] == "disk" and offload is not None:
+            where = f"on disk: {display_path(offload.file_of(name))}"
+        else:
+            where = f"offloaded to {placed[name]}, copied to the execution device for each forward"
+        lines.append(f"{i:>3}  {name:<{width}}  {str(p.device):<7} {str(p.dtype):<14} {where}")
+    return "\n".join(lines)

@@ -1,0 +1,146 @@
+"""Lesson 04's views of a placement: tables of modules and devices, and a chart."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from torch import nn
+
+from helpers.core.sizes import format_bytes
+from helpers.placement.planner import Device, Plan, device_of
+
+
+def device_label(device: Device) -> str:
+    """'GPU 0', 'CPU', 'disk'."""
+    return f"GPU {device}" if isinstance(device, int) else {"cpu": "CPU"}.get(device, device)
+
+
+def entry_device(model: nn.Module, name: str, device_map: Mapping[str, Device]) -> str:
+    """Where ``device_map`` puts module ``name``: one device, or 'split: a+b' if it is cut."""
+    prefix = f"{name}."
+    names = [n for n, _ in model.named_parameters()] + [n for n, _ in model.named_buffers()]
+    found = {device_of(n, device_map) for n in names if n == name or n.startswith(prefix)}
+    labels = sorted(device_label(d) for d in found)
+    return labels[0] if len(labels) == 1 else "split: " + "+".join(labels)
+
+
+def plan_table(
+    model: nn.Module, plan: Plan, others: Mapping[str, Mapping[str, Device]] | None = None
+) -> str:
+    """One row per placed module: name, class, size, device; plus a column per other map."""
+    others = others or {}
+    head = f"{'module':<12} {'class':<10} {'size':>10}  {'hand planner':<12}"
+    lines = [head + "".join(f"  {k:<12}" for k in others)]
+    modules = dict(model.named_modules())
+    for name, device in plan.device_map.items():
+        kind = type(modules[name]).__name__ if name in modules else "tensor"
+        row = f"{name:<12} {kind:<10} {format_bytes(plan.sizes[name]):>10}  {device_label(device):<12}"
+        lines.append(
+            row + "".join(f"  {entry_device(model, name, m):<12}" for m in others.values())
+        )
+    return "\n".join(lines)
+
+
+def usage_table(plan: Plan) -> str:
+    """Per device: budget, bytes placed, room held back, modules placed."""
+    lines = [f"{'device':<7} {'budget':>11} {'placed':>11} {'held back':>11}  modules"]
+    for device, budget in plan.budgets.items():
+        names = plan.on(device)
+        listed = ", ".join(names) if len(names) <= 4 else f"{names[0]} ... {names[-1]}"
+        lines.append(
+            f"{device_label(device):<7} {format_bytes(budget):>11} "
+            f"{format_bytes(plan.used.get(device, 0)):>11} "
+            f"{format_bytes(plan.reserved.get(device, 0)):>11}  {len(names)}: {listed or '-'}"
+        )
+    return "\n".join(lines)
+
+
+def _kind(name: str, model: nn.Module) -> str:
+    modules = dict(model.named_modules())
+    obj = modules.get(name)
+    return type(obj).__name__ if obj is not None else "tensor"
+
+
+def plot_plans(
+    model: nn.Module, plans: Mapping[str, Plan], path: str | Path, *, title: str = ""
+) -> Path:
+    """Stacked bars of bytes per device, one panel per plan, saved atomically as PNG.
+
+    Each bar stacks the modules placed on that device, coloured by class; a hatched
+    segment is the room a plan held back; a dashed line marks the device's budget.
+    """
+    import matplotlib.pyplot as plt
+
+    from helpers.core.plotting import save_figure
+
+    kinds = sorted({_kind(n, model) for p in plans.values() for n in p.device_map})
+    colours = dict(zip(kinds, plt.get_cmap("tab10").colors, strict=False))
+    fig, axes = plt.subplots(
+        1, len(plans), figsize=(4.2 * len(plans), 3.8), sharey=True, squeeze=False
+    )
+    mib = 2**20
+    stacks = [p.used.get(d, 0) + p.reserved.get(d, 0) for p in plans.values() for d in p.budgets]
+    top = 1.25 * max(stacks) / mib  # budgets far above what is placed are written, not drawn
+    for ax, (label, plan) in zip(axes[0], plans.items(), strict=True):
+        devices = list(plan.budgets)
+        for x, device in enumerate(devices):
+            bottom = 0.0
+            for name in plan.on(device):
+                height = plan.sizes[name] / mib
+                ax.bar(
+                    x,
+                    height,
+                    bottom=bottom,
+                    width=0.6,
+                    edgecolor="white",
+                    linewidth=0.6,
+                    color=colours[_kind(name, model)],
+                )
+                bottom += height
+            held = plan.reserved.get(device, 0) / mib
+            if held:
+                ax.bar(
+                    x,
+                    held,
+                    bottom=bottom,
+                    width=0.6,
+                    color="none",
+                    edgecolor="grey",
+                    hatch="///",
+                    linewidth=0.6,
+                )
+            budget = plan.budgets[device] / mib
+            if budget <= top:
+                ax.hlines(budget, x - 0.4, x + 0.4, colors="black", linestyles="dashed")
+            else:
+                ax.annotate(
+                    f"budget {format_bytes(plan.budgets[device])} ↑",
+                    (x, 0.97 * top),
+                    ha="center",
+                    va="top",
+                    fontsize=8,
+                )
+        ax.set_ylim(0, top)
+        ax.set_xticks(range(len(devices)), [device_label(d) for d in devices])
+        ax.set_title(label, fontsize=10)
+        ax.yaxis.grid(True, alpha=0.4)
+        ax.set_axisbelow(True)
+    axes[0][0].set_ylabel("MiB of weights")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colours[k]) for k in kinds]
+    handles += [
+        plt.Rectangle((0, 0), 1, 1, facecolor="none", edgecolor="grey", hatch="///"),
+        plt.Line2D([0], [0], color="black", linestyle="dashed"),
+    ]
+    fig.legend(
+        handles,
+        [*kinds, "held back", "budget"],
+        loc="lower center",
+        ncol=len(handles),
+        frameon=False,
+        fontsize=9,
+    )
+    if title:
+        fig.suptitle(title, fontsize=11)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return save_figure(fig, path)

@@ -1,0 +1,134 @@
+"""Lesson 04: a small decoder-only language model built locally, shaped like Llama.
+
+An embedding, a stack of identical transformer blocks, a final norm and an output
+head. Each block is pre-norm attention plus a gated MLP, each wrapped in a residual
+connection; the residual is why a block is marked unsplittable (``_no_split_modules``,
+the attribute Hugging Face models use): both ends of the ``+`` must be on one device.
+With ``LLAMA_7B`` the same class has Llama-7B's 6.74 billion weights (build it on the
+meta device, as lesson 04 does, and nothing is allocated). Positions are omitted:
+Llama's rotary embedding has no weights, so it changes no placement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from helpers.core.profiles import Profile
+
+
+@dataclass(frozen=True)
+class LMConfig:
+    """Sizes of a :class:`TinyLM`."""
+
+    vocab: int
+    hidden: int
+    blocks: int
+    ffn: int
+    heads: int
+
+    def __post_init__(self) -> None:
+        if min(self.vocab, self.hidden, self.blocks, self.ffn, self.heads) < 1:
+            raise ValueError(f"every size must be >= 1; got {self}")
+        if self.hidden % self.heads:
+            raise ValueError(
+                f"hidden={self.hidden} must be a multiple of heads={self.heads}; "
+                f"valid heads: a divisor of {self.hidden}"
+            )
+
+
+# Llama-7B's shape: 32 blocks of width 4096, MLP width 11008, 32 heads, 32000 tokens.
+LLAMA_7B = LMConfig(vocab=32000, hidden=4096, blocks=32, ffn=11008, heads=32)
+
+
+class Attention(nn.Module):
+    """Causal multi-head self-attention (query, key, value and output projections)."""
+
+    def __init__(self, hidden: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.q_proj = nn.Linear(hidden, hidden, bias=False)
+        self.k_proj = nn.Linear(hidden, hidden, bias=False)
+        self.v_proj = nn.Linear(hidden, hidden, bias=False)
+        self.o_proj = nn.Linear(hidden, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, hidden = x.shape
+
+        def split_heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(batch, seq, self.heads, hidden // self.heads).transpose(1, 2)
+
+        q, k, v = (split_heads(p(x)) for p in (self.q_proj, self.k_proj, self.v_proj))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, hidden))
+
+
+class MLP(nn.Module):
+    """The gated MLP of Llama: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, hidden: int, ffn: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, ffn, bias=False)
+        self.up_proj = nn.Linear(hidden, ffn, bias=False)
+        self.down_proj = nn.Linear(ffn, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    """One transformer block: ``x + attn(norm(x))``, then ``h + mlp(norm(h))``."""
+
+    def __init__(self, hidden: int, ffn: int, heads: int) -> None:
+        super().__init__()
+        self.attn_norm = nn.RMSNorm(hidden)
+        self.attn = Attention(hidden, heads)
+        self.mlp_norm = nn.RMSNorm(hidden)
+        self.mlp = MLP(hidden, ffn)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x + self.attn(self.attn_norm(x))  # residual: x and the attention output meet here
+        return h + self.mlp(self.mlp_norm(h))
+
+
+class TinyLM(nn.Module):
+    """Token ids (batch, seq) -> logits (batch, seq, vocab)."""
+
+    _no_split_modules = ["Block"]  # as in Hugging Face models: never cut a block in two
+
+    def __init__(self, config: LMConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab, config.hidden)
+        self.blocks = nn.ModuleList(
+            Block(config.hidden, config.ffn, config.heads) for _ in range(config.blocks)
+        )
+        self.norm = nn.RMSNorm(config.hidden)
+        self.head = nn.Linear(config.hidden, config.vocab, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+def lm_config_for(profile: Profile) -> LMConfig:
+    """The lesson's model for a profile: MLP width 4x hidden, 64 channels per head."""
+    hidden = profile.lm_hidden
+    return LMConfig(
+        vocab=profile.lm_vocab,
+        hidden=hidden,
+        blocks=profile.lm_blocks,
+        ffn=4 * hidden,
+        heads=max(1, hidden // 64),
+    )
+
+
+def build_lm(config: LMConfig, *, seed: int = 0) -> TinyLM:
+    """A :class:`TinyLM` with weights drawn from ``seed`` (on the CPU, float32)."""
+    torch.manual_seed(seed)
+    return TinyLM(config).eval()

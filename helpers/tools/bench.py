@@ -1,0 +1,83 @@
+"""``make bench``: the series' measurements without notebooks, written to results/bench.json.
+
+Each section is measured within one run, so its ratios compare like with like. With
+``--only`` the other sections already in bench.json are kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import platform
+import sys
+from collections.abc import Callable
+
+from helpers.core.devices import machine_info
+from helpers.core.files import atomic_write_json
+from helpers.core.paths import display_path, results_path
+
+
+def _pipeline() -> dict:
+    from helpers.pipeline.measure import pipeline_section
+
+    return pipeline_section()
+
+
+def _tp() -> dict:
+    from helpers.tensor_parallel.runs import tp_section  # lesson 06
+
+    return tp_section()
+
+
+SECTIONS: dict[str, Callable[[], dict]] = {"pipeline": _pipeline, "tp": _tp}
+
+
+def load_existing(path) -> dict:
+    """The current bench.json, or {} when absent; a corrupt file is reported and replaced."""
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict):
+            raise ValueError("top level is not an object")
+        return data
+    except (ValueError, OSError) as error:
+        print(
+            f"warning: {display_path(path)} is unreadable ({error}); writing a new one",
+            file=sys.stderr,
+        )
+        return {}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--only", nargs="+", choices=sorted(SECTIONS), help="sections to run")
+    args = parser.parse_args(argv)
+    path = results_path("bench.json")
+    data = load_existing(path) if args.only else {}
+    info = machine_info()
+    data["machine"] = {
+        "description": info.describe(),
+        "cpu_cores": info.cpu_cores,
+        "gpus": info.gpu_names,
+        "torch": info.torch_version,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    for name in args.only or SECTIONS:
+        print(f"== {name}", flush=True)
+        data[name] = SECTIONS[name]()
+        atomic_write_json(path, data)  # each finished section is kept even if a later one fails
+        print(
+            json.dumps(
+                {k: v for k, v in data[name].items() if not isinstance(v, list | dict)}, indent=2
+            )
+        )
+    print(f"wrote {display_path(path)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

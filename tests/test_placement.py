@@ -1,0 +1,317 @@
+import copy
+
+import pytest
+import torch
+from accelerate import init_empty_weights
+from accelerate.utils import convert_file_size_to_int
+from torch import nn
+
+from helpers.core.errors import DoesNotFitError, FolderError
+from helpers.core.files import MANIFEST
+from helpers.core.sizes import parameter_count
+from helpers.placement.offload import (
+    accelerate_device_map,
+    disk_tensors,
+    dispatch_with_offload,
+    parameter_listing,
+    remove_offload_folder,
+    write_offload_folder,
+)
+from helpers.placement.planner import (
+    map_differences,
+    module_sizes,
+    parse_budgets,
+    parse_size,
+    plan_device_map,
+    tensor_devices,
+)
+from helpers.placement.report import plot_plans
+from helpers.placement.tiny_lm import LLAMA_7B, LMConfig, TinyLM, build_lm
+
+CONFIG = LMConfig(vocab=512, hidden=64, blocks=4, ffn=256, heads=2)
+
+
+@pytest.fixture(scope="module")
+def lm() -> TinyLM:
+    return build_lm(CONFIG, seed=0)
+
+
+def sizes_of(model: nn.Module) -> dict[str, int]:
+    return module_sizes(model)
+
+
+# ---- budgets -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "size", ["10GiB", "10GB", "500MB", "1.5GiB", ".5MB", "7KiB", "3KB", "10 GiB", "10gib", 0, 4096]
+)
+def test_sizes_are_read_as_accelerate_reads_them(size):
+    assert parse_size(size) == convert_file_size_to_int(size)
+
+
+def test_decimal_and_binary_units_differ():
+    assert parse_size("10GB") == 10 * 10**9
+    assert parse_size("10GiB") == 10 * 2**30
+
+
+@pytest.mark.parametrize("bad", ["abc", "10", "-5GB", "10TB", "", "GB", 5.0, None, True, -1])
+def test_malformed_size_names_the_value_and_the_valid_forms(bad):
+    with pytest.raises(ValueError) as error:
+        parse_size(bad, what="max_memory['cpu']")
+    message = str(error.value)
+    assert f"max_memory['cpu'] = {bad!r}" in message
+    assert "'GiB'" in message and "'GB'" in message and "int number of bytes" in message
+
+
+@pytest.mark.parametrize("bits", ["10Gb", "10gb", "500mb"])
+def test_lowercase_b_is_refused_because_accelerate_reads_bits(bits):
+    assert convert_file_size_to_int(bits) * 8 == pytest.approx(parse_size(bits.upper()), abs=8)
+    with pytest.raises(ValueError, match=f"{bits!r} ends in a lowercase 'b'.*bits.*valid forms"):
+        parse_size(bits)
+
+
+@pytest.mark.parametrize(
+    ("device", "hint"), [("cuda:0", "int 0"), ("0", "int 0"), ("gpu", "valid"), (-1, "valid")]
+)
+def test_unknown_device_names_the_value_and_the_valid_devices(device, hint):
+    with pytest.raises(ValueError, match=rf"unknown device {device!r}.*{hint}") as error:
+        parse_budgets({device: "1GB"})
+    assert "'cpu' and 'disk'" in str(error.value)
+
+
+def test_budgets_are_ordered_gpus_then_cpu_then_disk():
+    budgets = parse_budgets({"disk": "1GB", "cpu": 5, 1: "1MB", 0: 7})
+    assert list(budgets) == [0, 1, "cpu", "disk"]
+    assert budgets == {0: 7, 1: 10**6, "cpu": 5, "disk": 10**9}
+
+
+def test_empty_budget_is_refused(lm):
+    with pytest.raises(ValueError, match="max_memory is empty"):
+        plan_device_map(lm, {})
+
+
+# ---- the planner ---------------------------------------------------------------------
+
+
+def test_sizes_come_from_parameters_and_buffers_by_dtype():
+    bn = nn.BatchNorm1d(
+        10
+    )  # weight, bias, running mean/var (float32) + num_batches_tracked (int64)
+    sizes = module_sizes(nn.Sequential(bn))
+    assert sizes["0"] == 4 * 10 * 4 + 8
+    assert module_sizes(nn.Sequential(bn), torch.float16)["0"] == 4 * 10 * 2 + 8  # ints keep theirs
+    half = nn.Linear(4, 4).half()
+    assert module_sizes(half)[""] == (16 + 4) * 2
+    assert module_sizes(half, torch.float32)[""] == (16 + 4) * 2  # a dtype never enlarges
+
+
+def test_everything_fits_on_the_first_device(lm):
+    plan = plan_device_map(lm, {0: "1GB", "cpu": "1GB"})
+    assert set(plan.device_map.values()) == {0}
+    assert list(plan.device_map) == ["embed", "blocks", "norm", "head"]
+    assert plan.used[0] == sizes_of(lm)[""]
+
+
+def test_fills_devices_in_order_with_whole_blocks(lm):
+    sizes = sizes_of(lm)
+    block, embed = sizes["blocks.0"], sizes["embed"]
+    plan = plan_device_map(lm, {"disk": 10**9, 1: 2 * block + 100, 0: embed + block + 100})
+    assert plan.on(0) == ["embed", "blocks.0"]
+    assert plan.on(1) == ["blocks.1", "blocks.2"]
+    assert plan.on("disk") == ["blocks.3", "norm", "head"]
+    for device, budget in plan.budgets.items():
+        assert plan.used[device] <= budget
+    assert set(tensor_devices(lm, plan.device_map).values()) == {0, 1, "disk"}
+
+
+def test_splits_a_module_that_does_not_fit_unless_unsplittable(lm):
+    sizes = sizes_of(lm)
+    budget = {0: sizes["embed"] + sizes["blocks.0"] // 2, "cpu": 10**9}
+    whole = plan_device_map(lm, budget)  # TinyLM marks Block unsplittable
+    assert whole.device_map["blocks.0"] == "cpu"
+    assert not any(name.startswith("blocks.0.") for name in whole.device_map)
+    cut = plan_device_map(lm, budget, no_split=[])
+    parts = {n: d for n, d in cut.device_map.items() if n.startswith("blocks.0.")}
+    assert "blocks.0" not in cut.device_map
+    assert parts["blocks.0.attn_norm"] == 0 and parts["blocks.0.attn"] == 0
+    assert set(parts.values()) == {0, "cpu"}  # the block is cut across the two devices
+
+
+def test_a_budget_in_which_nothing_fits_names_the_module_and_what_to_do(lm):
+    with pytest.raises(
+        DoesNotFitError, match=r"'embed' \(Embedding.*'cpu': '1KB'.*add \(or enlarge\) 'disk'"
+    ):
+        plan_device_map(lm, {"cpu": "1KB"})
+    block = sizes_of(lm)["blocks.0"]
+    with pytest.raises(DoesNotFitError, match=r"'blocks.0' \(Block.*room for it"):
+        plan_device_map(lm, {0: sizes_of(lm)["embed"], "cpu": block - 1})
+
+
+def test_reserve_holds_back_the_largest_layer_on_main_devices(lm):
+    sizes = sizes_of(lm)
+    block = sizes["blocks.0"]  # the largest layer of this model (larger than the embedding)
+    assert block > sizes["embed"] and block > sizes["head"]
+    budget = {0: sizes["embed"] + 3 * block, 1: 10**9}
+    plain = plan_device_map(lm, budget)
+    reserved = plan_device_map(lm, budget, reserve_largest_layer=True)
+    assert plain.on(0) == ["embed", "blocks.0", "blocks.1", "blocks.2"]
+    assert reserved.on(0) == ["embed", "blocks.0", "blocks.1"]  # room for one block held back
+    assert reserved.reserved[0] == block and 1 not in reserved.reserved  # GPU 1 is not main
+    gpu1 = plan_device_map(
+        lm, {1: sizes["embed"] + 3 * block, "cpu": 10**9}, reserve_largest_layer=True
+    )
+    assert gpu1.on(1) == reserved.on(0) and gpu1.reserved[1] == block  # first GPU listed: main
+
+
+# ---- agreement with accelerate -------------------------------------------------------
+
+BUDGETS = [
+    (0.4, 0.3, 0.25),
+    (0.3, 0.3, 0.25),
+    (0.2, 0.2, 0.2),
+    (0.6, 0.0, 0.5),
+    (2.0, 0.0, 0.0),
+]
+
+
+@pytest.mark.parametrize("fractions", BUDGETS)
+@pytest.mark.parametrize("no_split", [["Block"], []])
+def test_agrees_with_accelerate(lm, fractions, no_split):
+    total = sizes_of(lm)[""]
+    budget = {0: int(fractions[0] * total), 1: int(fractions[1] * total)}
+    budget |= {"cpu": int(fractions[2] * total), "disk": 10 * total}
+    ours = plan_device_map(lm, budget, no_split=no_split, reserve_largest_layer=True)
+    theirs = accelerate_device_map(lm, budget, no_split=no_split)
+    assert map_differences(lm, ours.device_map, theirs) == []
+
+
+def test_agrees_with_accelerate_on_resnet50():
+    from torchvision.models import resnet50
+
+    model = resnet50(weights=None)
+    total = sizes_of(model)[""]
+    for gpu in (0.3, 0.6):
+        budget = {0: int(gpu * total), "cpu": int(0.3 * total), "disk": 4 * total}
+        for no_split in (["Bottleneck"], []):
+            ours = plan_device_map(model, budget, no_split=no_split, reserve_largest_layer=True)
+            theirs = accelerate_device_map(model, budget, no_split=no_split)
+            assert map_differences(model, ours.device_map, theirs) == []
+
+
+def test_plain_planner_differs_from_accelerate_only_by_the_reserve(lm):
+    total = sizes_of(lm)[""]
+    budget = {0: int(0.45 * total), "cpu": int(0.3 * total), "disk": 10 * total}
+    plain = plan_device_map(lm, budget)
+    differences = map_differences(lm, plain.device_map, accelerate_device_map(lm, budget))
+    assert differences  # accelerate keeps less on GPU 0 and the CPU
+    order = {0: 0, "cpu": 1, "disk": 2}
+    assert all(order[ours] < order[theirs] for _, ours, theirs in differences)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int8])
+def test_7b_on_the_meta_device_agrees_with_accelerate(dtype):
+    with init_empty_weights():
+        big = TinyLM(LLAMA_7B)
+    assert parameter_count(big) == 6_738_415_616
+    assert {p.device.type for p in big.parameters()} == {"meta"}
+    budget = {0: "24GiB", "cpu": "64GiB", "disk": "2000GB"}
+    ours = plan_device_map(big, budget, dtype=dtype, reserve_largest_layer=True)
+    theirs = accelerate_device_map(big, budget, dtype=dtype)
+    assert map_differences(big, ours.device_map, theirs) == []
+    on_gpu = set(ours.device_map.values()) == {0}
+    assert on_gpu == (dtype != torch.float32)  # 27 GB in float32 does not fit 24 GiB
+
+
+# ---- dispatch with disk offload ------------------------------------------------------
+
+
+def test_dispatch_with_disk_offload_equals_single_device(tmp_path):
+    model = build_lm(CONFIG, seed=1)
+    reference = copy.deepcopy(model)
+    total = sizes_of(model)[""]
+    device_map = accelerate_device_map(model, {"cpu": total // 2, "disk": 4 * total})
+    assert "disk" in device_map.values() and "cpu" in device_map.values()
+    folder = tmp_path / "offload" / "lm"
+    offload = dispatch_with_offload(model, device_map, folder)
+    assert offload is not None and not offload.reused
+    ids = torch.randint(0, CONFIG.vocab, (2, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(model(ids), reference(ids))
+    on_disk = disk_tensors(reference, device_map)
+    for name, p in model.named_parameters():
+        assert (p.device.type == "meta") == (name in on_disk)
+    listing = parameter_listing(model, device_map, offload)
+    assert "meta" in listing and "on disk: " in listing and "head.weight.dat" in listing
+    assert "torch.float32" in listing and "in memory on cpu" in listing
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["lm"]  # nothing else left
+
+
+def test_offload_folder_is_reused_only_when_it_matches(tmp_path):
+    tensors = {"a.weight": torch.arange(6.0).reshape(2, 3), "b.bias": torch.ones(3)}
+    folder = tmp_path / "off"
+    first = write_offload_folder(tensors, folder)
+    assert not first.reused and (folder / MANIFEST).is_file() and (folder / "index.json").is_file()
+    assert write_offload_folder(tensors, folder).reused
+    tensors["b.bias"] = torch.zeros(3)  # stale folder: other weights
+    assert not write_offload_folder(tensors, folder).reused
+    (folder / "a.weight.dat").write_bytes(b"corrupt")  # damaged file: rewritten, not trusted
+    again = write_offload_folder(tensors, folder)
+    assert not again.reused and again.tensors == first.tensors | {"b.bias": again.tensors["b.bias"]}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["off"]
+    remove_offload_folder(folder)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_folder_with_other_files_is_never_replaced(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(FolderError, match=r"notes.txt.*refusing to replace it"):
+        write_offload_folder({"w": torch.ones(2)}, tmp_path)
+    with pytest.raises(FolderError, match="refusing"):
+        remove_offload_folder(tmp_path)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def interrupt_offload_after(monkeypatch, n: int) -> None:
+    """Make accelerate's writer stop (as on Ctrl-C) after writing ``n`` tensor files."""
+    import accelerate.utils.offload as offload_module
+
+    real, calls = offload_module.offload_weight, []
+
+    def offload_weight(*args, **kwargs):
+        if len(calls) == n:
+            raise KeyboardInterrupt
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(offload_module, "offload_weight", offload_weight)
+
+
+def test_offload_folder_is_never_left_half_written(tmp_path, monkeypatch):
+    good = {f"t{i}": torch.full((4,), float(i)) for i in range(4)}
+    folder = tmp_path / "off"
+    write_offload_folder(good, folder)
+    with monkeypatch.context() as patch:
+        interrupt_offload_after(patch, 2)
+        with pytest.raises(KeyboardInterrupt):
+            write_offload_folder({n: t + 1 for n, t in good.items()}, folder)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["off"]  # no temporary left
+    assert write_offload_folder(good, folder).reused  # the previous folder is intact
+    remove_offload_folder(folder)
+    with monkeypatch.context() as patch:
+        interrupt_offload_after(patch, 2)
+        with pytest.raises(KeyboardInterrupt):
+            write_offload_folder(good, folder)
+    assert list(tmp_path.iterdir()) == []  # no folder at all, rather than half of one
+
+
+def test_plot_plans_writes_one_png(tmp_path, lm):
+    total = sizes_of(lm)[""]
+    budget = {0: int(0.4 * total), "cpu": int(0.3 * total), "disk": "1GiB"}
+    plans = {
+        "hand": plan_device_map(lm, budget),
+        "reserve": plan_device_map(lm, budget, reserve_largest_layer=True),
+    }
+    path = plot_plans(lm, plans, tmp_path / "dm.png", title="test")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+    assert [p.name for p in tmp_path.iterdir()] == ["dm.png"]

@@ -1,0 +1,90 @@
+"""The numbers every proof rests on, pinned, and each check tried on both sides of its line."""
+
+import pytest
+import torch
+from torch import nn
+
+from helpers.core.checks import max_abs_diff, training_step
+from helpers.core.timing import Timing
+from helpers.tensor_parallel.comm import ring_allreduce_bytes
+from helpers.tensor_parallel.proofs import (
+    checksum_tolerance,
+    checksums_match,
+    eps,
+    output_tolerance,
+    outputs_agree,
+)
+from helpers.tensor_parallel.runs import summarise
+
+
+@pytest.mark.parametrize(
+    "dtype,unit", [(torch.float32, 2.0**-23), (torch.float16, 2.0**-10), (torch.bfloat16, 2.0**-7)]
+)
+def test_tolerances_are_pinned_per_dtype(dtype, unit):
+    y = torch.tensor([0.5, -2.0, 1.0])
+    assert eps(dtype) == unit
+    assert output_tolerance(y, dtype, 4) == 4 * 4 * unit * 2.0  # 4 * p * eps * max|y|
+    assert output_tolerance(y, dtype, 1) == 4 * unit * 2.0
+    assert checksum_tolerance(3.5, dtype) == unit * 3.5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_elementwise_check_on_both_sides_of_the_tolerance(dtype):
+    y = torch.linspace(-1, 1, 64, dtype=torch.float64)
+    tol = output_tolerance(y, dtype, 2)
+    for factor, ok in ((0.99, True), (1.01, False)):
+        bumped = y.clone()
+        bumped[17] += factor * tol
+        assert outputs_agree(y, bumped, dtype, 2)[2] is ok
+    assert outputs_agree(y, -y, dtype, 2)[2] is False  # same sum of |y|, wrong signs
+    assert outputs_agree(y, y.flip(0), dtype, 2)[2] is False  # same sum, permuted
+
+
+@pytest.mark.parametrize("sign", [+1, -1])
+def test_checksum_comparison_on_both_sides(sign):
+    ref = {"checksum": 100.0, "abs_sum": 1000.0, "dtype": "float32"}
+    tol = checksum_tolerance(1000.0, "float32")
+    near = {"checksum": 100.0 + sign * 0.9 * tol}
+    far = {"checksum": 100.0 + sign * 1.1 * tol}
+    assert checksums_match(ref, near) and not checksums_match(ref, far)
+
+
+@pytest.mark.parametrize("p,share", [(1, 0.0), (2, 1.0), (4, 1.5), (8, 1.75)])
+def test_ring_allreduce_sends_two_times_p_minus_one_over_p(p, share):
+    assert ring_allreduce_bytes(1000.0, p) == share * 1000.0
+
+
+def test_summary_keeps_compute_and_allreduce_apart():
+    native = {"mean_s": 1.0, "std_s": 0.1, "checksum": 5.0, "abs_sum": 9.0, "dtype": "float32"}
+    run = {
+        "backend": "gloo",
+        "mean_s": 0.5,
+        "std_s": 0.05,
+        "compute_times_s": [0.1, 0.3],
+        "allreduce_times_s": [0.4, 0.6],
+        "allreduce_bytes_per_rank": 123.0,
+        "checksum": 5.0,
+        "output_max_diff": 1e-7,
+        "output_tolerance": 2e-7,
+        "output_agrees": True,
+    }
+    (row,) = summarise(native, {2: run}, {2: Timing("sim", [0.7, 0.9])})
+    assert row["compute_s"] == pytest.approx(0.2) and row["allreduce_s"] == pytest.approx(0.5)
+    assert (
+        row["tp_s"] == 0.5 and row["native_s"] == 1.0 and row["tp_simulate_s"] == pytest.approx(0.8)
+    )
+    assert row["allreduce_bytes_per_rank"] == 123.0 and row["checksum_agrees"]
+
+
+def test_max_abs_diff_refuses_other_shapes():
+    assert max_abs_diff(torch.zeros(3), torch.tensor([0.0, -2.0, 1.0])) == 2.0
+    with pytest.raises(ValueError, match=r"shapes differ: \(3,\) vs \(4,\)"):
+        max_abs_diff(torch.zeros(3), torch.zeros(4))
+
+
+def test_a_training_step_runs_in_training_mode():
+    """BatchNorm must use the batch's statistics (and update its running ones)."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)).eval()
+    before = model[1].running_mean.clone()
+    training_step(model, torch.randn(8, 4), torch.randn(8, 4))
+    assert model.training and not torch.equal(model[1].running_mean, before)
