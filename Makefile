@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lab refresh bench lint clean
+.PHONY: run test lab refresh bench lint clean gpu-check mutants
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -15,7 +15,7 @@ $(STAMP): requirements.txt pyproject.toml
 
 ## run: execute every lesson headless; executed notebooks and figures go to results/
 run: $(STAMP)
-	$(PY) -m helpers.run_notebooks
+	$(PY) -m helpers.tools.run_notebooks
 
 ## test: unit tests, then nbval over notebooks/ (small profile, CPU, as stored)
 test: $(STAMP)
@@ -27,11 +27,25 @@ lab: $(STAMP)
 
 ## refresh: re-execute the lessons in place (small profile, CPU) to update nbval's reference
 refresh: $(STAMP)
-	TUTORIAL_PROFILE=small CUDA_VISIBLE_DEVICES= $(PY) -m helpers.run_notebooks --in-place
+	TUTORIAL_PROFILE=small CUDA_VISIBLE_DEVICES= $(PY) -m helpers.tools.run_notebooks --in-place
 
 ## bench: the measurements without notebooks; writes results/bench.json
 bench: $(STAMP)
-	$(PY) -m helpers.bench
+	$(PY) -m helpers.tools.bench
+
+## gpu-check: on a CUDA machine, every lesson's proof and measurement in one run (no install
+## step); writes results/gpu_check.json and .md; e.g. ARGS="--budget 300" or ARGS=--smoke
+gpu-check:
+	@if [ -x $(PY) ]; then $(PY) -m helpers.tools.gpu_check $(ARGS); \
+	else python3 -m helpers.tools.gpu_check $(ARGS); fi
+
+## mutants: mutation testing (mutmut) of the correctness-critical helpers with their fast
+## unit tests, set in pyproject's [tool.mutmut]; lists the mutants that survive and the score
+mutants: $(STAMP)
+	$(PY) -m pip install --quiet mutmut==3.8.1
+	rm -rf mutants
+	OMP_NUM_THREADS=1 TUTORIAL_PROFILE=small CUDA_VISIBLE_DEVICES= $(VENV)/bin/mutmut run --max-children 1
+	$(PY) -m helpers.tools.mutation_report
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check helpers tests notebooks

@@ -5,9 +5,10 @@ The infrastructure
   ``errors`` (one base class), ``profiles`` (small/full sizes), ``devices`` (the one
   device/backend/dtype decision), ``timing``, ``sizes``, ``checks`` (snapshots and
   step comparisons), ``plotting``, ``show``, ``optional``.
-- ``distributed``: ``launcher`` (torchrun from a notebook, safely) and ``ranks`` (the
-  rank's side: process group, result file).
-- ``tools``: ``run_notebooks`` (``make run``/``make refresh``) and ``bench`` (``make bench``).
+- ``distributed``: ``launcher`` (torchrun from a notebook, safely), ``multinode`` (several
+  nodes' torchrun agents on one machine) and ``ranks`` (the rank's side).
+- ``tools``: ``run_notebooks`` (``make run``/``make refresh``), ``bench`` (``make bench``),
+  ``gpu_check`` (``make gpu-check``, whose steps live in the ``gpu_check`` package).
 
 The lessons
 - 01 ``model_parallel.toy``, ``model_parallel.transfer``: a toy model on two devices; moving
@@ -16,13 +17,14 @@ The lessons
   ResNet50 and its training loop.
 - 03 ``pipeline.schedule``, ``pipeline.balance``, ``pipeline.stage_worker``,
   ``pipeline.measure``, ``pipeline.plots``: micro-batches, balanced cuts, one process per stage.
-- 04 ``placement.planner``, ``placement.report``, ``placement.offload``, ``placement.tiny_lm``:
-  ``device_map="auto"`` by hand and with accelerate.
+- 04 ``placement.sizing``, ``placement.balance``, ``placement.planner``, ``placement.report``,
+  ``placement.offload``, ``placement.tiny_lm``: ``device_map`` strategies by hand and with
+  accelerate.
 - 05 ``tensor_parallel.ffn``, ``tensor_parallel.comm`` (f and g), ``tensor_parallel.proofs``,
   ``tensor_parallel.shards``, ``tensor_parallel.config``, ``tensor_parallel.native``: the
   Megatron split of an FFN and its shard files.
 - 06 ``tensor_parallel.ffn_worker``, ``tensor_parallel.dtensor_worker``,
   ``tensor_parallel.mesh_worker`` (torchrun entry points, named ``*_worker``) and
-  ``tensor_parallel.runs`` (their launches).
+  ``tensor_parallel.runs`` (their launches, on one node or several).
 - ``tp_demo``: the source script's command line, a thin layer over ``tensor_parallel``.
 """

@@ -9,7 +9,10 @@ from torch import nn
 from helpers.core.errors import DoesNotFitError, FolderError
 from helpers.core.files import MANIFEST
 from helpers.core.sizes import parameter_count
+from helpers.model_parallel.resnet import resnet50
+from helpers.placement.balance import STRATEGIES, balanced_budgets
 from helpers.placement.offload import (
+    accelerate_balanced_memory,
     accelerate_device_map,
     disk_tensors,
     dispatch_with_offload,
@@ -17,18 +20,13 @@ from helpers.placement.offload import (
     remove_offload_folder,
     write_offload_folder,
 )
-from helpers.placement.planner import (
-    map_differences,
-    module_sizes,
-    parse_budgets,
-    parse_size,
-    plan_device_map,
-    tensor_devices,
-)
-from helpers.placement.report import plot_plans
+from helpers.placement.planner import map_differences, plan_device_map, tensor_devices
+from helpers.placement.report import plot_plans, usage_table
+from helpers.placement.sizing import module_sizes, parse_budgets, parse_size
 from helpers.placement.tiny_lm import LLAMA_7B, LMConfig, TinyLM, build_lm
 
 CONFIG = LMConfig(vocab=512, hidden=64, blocks=4, ffn=256, heads=2)
+PLAIN = {"strategy": "sequential", "reserve_largest_layer": False}  # the fill alone, in order
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +114,7 @@ def test_everything_fits_on_the_first_device(lm):
 def test_fills_devices_in_order_with_whole_blocks(lm):
     sizes = sizes_of(lm)
     block, embed = sizes["blocks.0"], sizes["embed"]
-    plan = plan_device_map(lm, {"disk": 10**9, 1: 2 * block + 100, 0: embed + block + 100})
+    plan = plan_device_map(lm, {"disk": 10**9, 1: 2 * block + 100, 0: embed + block + 100}, **PLAIN)
     assert plan.on(0) == ["embed", "blocks.0"]
     assert plan.on(1) == ["blocks.1", "blocks.2"]
     assert plan.on("disk") == ["blocks.3", "norm", "head"]
@@ -128,10 +126,10 @@ def test_fills_devices_in_order_with_whole_blocks(lm):
 def test_splits_a_module_that_does_not_fit_unless_unsplittable(lm):
     sizes = sizes_of(lm)
     budget = {0: sizes["embed"] + sizes["blocks.0"] // 2, "cpu": 10**9}
-    whole = plan_device_map(lm, budget)  # TinyLM marks Block unsplittable
+    whole = plan_device_map(lm, budget, **PLAIN)  # TinyLM marks Block unsplittable
     assert whole.device_map["blocks.0"] == "cpu"
     assert not any(name.startswith("blocks.0.") for name in whole.device_map)
-    cut = plan_device_map(lm, budget, no_split=[])
+    cut = plan_device_map(lm, budget, no_split=[], **PLAIN)
     parts = {n: d for n, d in cut.device_map.items() if n.startswith("blocks.0.")}
     assert "blocks.0" not in cut.device_map
     assert parts["blocks.0.attn_norm"] == 0 and parts["blocks.0.attn"] == 0
@@ -145,7 +143,7 @@ def test_a_budget_in_which_nothing_fits_names_the_module_and_what_to_do(lm):
         plan_device_map(lm, {"cpu": "1KB"})
     block = sizes_of(lm)["blocks.0"]
     with pytest.raises(DoesNotFitError, match=r"'blocks.0' \(Block.*room for it"):
-        plan_device_map(lm, {0: sizes_of(lm)["embed"], "cpu": block - 1})
+        plan_device_map(lm, {0: sizes_of(lm)["embed"], "cpu": block - 1}, **PLAIN)
 
 
 def test_reserve_holds_back_the_largest_layer_on_main_devices(lm):
@@ -153,14 +151,12 @@ def test_reserve_holds_back_the_largest_layer_on_main_devices(lm):
     block = sizes["blocks.0"]  # the largest layer of this model (larger than the embedding)
     assert block > sizes["embed"] and block > sizes["head"]
     budget = {0: sizes["embed"] + 3 * block, 1: 10**9}
-    plain = plan_device_map(lm, budget)
-    reserved = plan_device_map(lm, budget, reserve_largest_layer=True)
+    plain = plan_device_map(lm, budget, **PLAIN)
+    reserved = plan_device_map(lm, budget, strategy="sequential")
     assert plain.on(0) == ["embed", "blocks.0", "blocks.1", "blocks.2"]
     assert reserved.on(0) == ["embed", "blocks.0", "blocks.1"]  # room for one block held back
     assert reserved.reserved[0] == block and 1 not in reserved.reserved  # GPU 1 is not main
-    gpu1 = plan_device_map(
-        lm, {1: sizes["embed"] + 3 * block, "cpu": 10**9}, reserve_largest_layer=True
-    )
+    gpu1 = plan_device_map(lm, {1: sizes["embed"] + 3 * block, "cpu": 10**9})
     assert gpu1.on(1) == reserved.on(0) and gpu1.reserved[1] == block  # first GPU listed: main
 
 
@@ -177,24 +173,22 @@ BUDGETS = [
 
 @pytest.mark.parametrize("fractions", BUDGETS)
 @pytest.mark.parametrize("no_split", [["Block"], []])
-def test_agrees_with_accelerate(lm, fractions, no_split):
+def test_the_fill_agrees_with_infer_auto_device_map(lm, fractions, no_split):
     total = sizes_of(lm)[""]
     budget = {0: int(fractions[0] * total), 1: int(fractions[1] * total)}
     budget |= {"cpu": int(fractions[2] * total), "disk": 10 * total}
-    ours = plan_device_map(lm, budget, no_split=no_split, reserve_largest_layer=True)
-    theirs = accelerate_device_map(lm, budget, no_split=no_split)
+    ours = plan_device_map(lm, budget, strategy="sequential", no_split=no_split)
+    theirs = accelerate_device_map(lm, budget, strategy="sequential", no_split=no_split)
     assert map_differences(lm, ours.device_map, theirs) == []
 
 
-def test_agrees_with_accelerate_on_resnet50():
-    from torchvision.models import resnet50
-
-    model = resnet50(weights=None)
+def test_agrees_with_accelerate_on_resnet50(models):
+    model = models["ResNet50"]
     total = sizes_of(model)[""]
     for gpu in (0.3, 0.6):
         budget = {0: int(gpu * total), "cpu": int(0.3 * total), "disk": 4 * total}
         for no_split in (["Bottleneck"], []):
-            ours = plan_device_map(model, budget, no_split=no_split, reserve_largest_layer=True)
+            ours = plan_device_map(model, budget, no_split=no_split)
             theirs = accelerate_device_map(model, budget, no_split=no_split)
             assert map_differences(model, ours.device_map, theirs) == []
 
@@ -202,11 +196,159 @@ def test_agrees_with_accelerate_on_resnet50():
 def test_plain_planner_differs_from_accelerate_only_by_the_reserve(lm):
     total = sizes_of(lm)[""]
     budget = {0: int(0.45 * total), "cpu": int(0.3 * total), "disk": 10 * total}
-    plain = plan_device_map(lm, budget)
+    plain = plan_device_map(lm, budget, reserve_largest_layer=False)
     differences = map_differences(lm, plain.device_map, accelerate_device_map(lm, budget))
     assert differences  # accelerate keeps less on GPU 0 and the CPU
     order = {0: 0, "cpu": 1, "disk": 2}
     assert all(order[ours] < order[theirs] for _, ours, theirs in differences)
+
+
+# ---- strategies: "auto" balances the GPUs, then fills; "sequential" only fills --------
+
+# (model, GPU budgets, CPU budget or None, disk listed, unsplittable classes); budgets are
+# fractions of the model's size, GPUs are hypothetical (planning is arithmetic only).
+CASES = [
+    ("TinyLM", (), 0.6, True, ["Block"]),
+    ("TinyLM", (0.5,), 0.3, True, ["Block"]),
+    ("TinyLM", (0.8,), 0.5, False, []),
+    ("TinyLM", (1.0, 1.0), None, False, ["Block"]),
+    ("TinyLM", (0.45, 0.35), 0.25, True, ["Block"]),
+    ("TinyLM", (0.8, 0.4), 0.3, True, []),
+    ("TinyLM", (0.6, 0.6, 0.6), 0.2, False, ["Block"]),
+    ("TinyLM", (0.5, 0.5, 0.3), None, True, []),
+    ("TinyLM", (0.5, 0.5, 0.5, 0.5), None, False, ["Block"]),
+    ("TinyLM", (0.15, 0.2, 0.2, 0.15), 0.2, True, []),
+    ("ResNet50", (0.4,), 0.3, True, ["Bottleneck"]),
+    ("ResNet50", (1.0, 1.0), 0.3, False, ["Bottleneck"]),
+    ("ResNet50", (0.6, 0.3), 0.2, True, []),
+    ("ResNet50", (0.5, 0.5, 0.5), None, False, []),
+    ("ResNet50", (0.5, 0.5, 0.5), 0.2, True, ["Bottleneck"]),
+    ("ResNet50", (0.4, 0.4, 0.4, 0.4), 0.3, False, ["Bottleneck"]),
+    ("ResNet50", (0.2, 0.2, 0.2, 0.2), None, True, []),
+]
+
+
+def case_id(case) -> str:
+    name, gpus, cpu, disk, no_split = case
+    devices = [f"gpu{g:.0%}" for g in gpus] + ([f"cpu{cpu:.0%}"] if cpu else [])
+    return "-".join([name, *devices, *(["disk"] if disk else []), *no_split])
+
+
+def budget_of(model: nn.Module, case) -> dict:
+    _, gpus, cpu, disk, _ = case
+    total = sizes_of(model)[""]
+    budget = {i: int(g * total) for i, g in enumerate(gpus)}
+    budget |= {"cpu": int(cpu * total)} if cpu else {}
+    return budget | ({"disk": 10 * total} if disk else {})
+
+
+@pytest.fixture(scope="module")
+def models() -> dict[str, nn.Module]:
+    lm8 = build_lm(LMConfig(vocab=512, hidden=64, blocks=8, ffn=256, heads=2), seed=0)
+    return {"TinyLM": lm8, "ResNet50": resnet50()}
+
+
+@pytest.fixture(scope="module")
+def reference(models):
+    """accelerate's map for (case, strategy), computed once per module."""
+    cache: dict = {}
+
+    def device_map(case, strategy: str) -> dict:
+        key = (case_id(case), strategy)
+        if key not in cache:
+            model = models[case[0]]
+            cache[key] = accelerate_device_map(
+                model, budget_of(model, case), strategy=strategy, no_split=case[4]
+            )
+        return cache[key]
+
+    return device_map
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_hand_planner_agrees_with_transformers_recipe(models, reference, case, strategy):
+    model, budget, no_split = models[case[0]], budget_of(models[case[0]], case), case[4]
+    theirs = reference(case, strategy)
+    try:
+        ours = plan_device_map(model, budget, strategy=strategy, no_split=no_split)
+    except DoesNotFitError:  # accelerate always adds an unlimited disk: it spilled there
+        assert "disk" not in budget and "disk" in theirs.values()
+        budget |= {"disk": 100 * sizes_of(model)[""]}
+        ours = plan_device_map(model, budget, strategy=strategy, no_split=no_split)
+    assert map_differences(model, ours.device_map, theirs) == []
+    assert ours.max_memory == parse_budgets(budget) and ours.strategy == strategy
+    if strategy == "sequential":
+        assert ours.budgets == ours.max_memory
+    else:
+        low_zero = strategy == "balanced_low_0"
+        hand = balanced_budgets(model, budget, low_zero=low_zero, no_split=no_split)
+        acc = accelerate_balanced_memory(model, budget, low_zero=low_zero, no_split=no_split)
+        assert ours.budgets == hand == acc
+
+
+def test_the_strategies_matter_in_the_agreement_cases(models, reference):
+    changed = {s: 0 for s in STRATEGIES}
+    for case in CASES:
+        model, sequential = models[case[0]], reference(case, "sequential")
+        for strategy in STRATEGIES:
+            other = reference(case, strategy)
+            changed[strategy] += bool(map_differences(model, other, sequential))
+            if len(case[1]) < 2:  # one GPU or none: nothing to balance
+                assert map_differences(model, other, sequential) == []
+    assert changed["sequential"] == 0
+    assert min(changed["auto"], changed["balanced"], changed["balanced_low_0"]) >= 4, changed
+
+
+def test_auto_and_sequential_differ_on_two_gpus_and_agree_on_one(lm):
+    total = sizes_of(lm)[""]
+    two = {0: total, 1: total}  # either GPU could hold the whole model
+    sequential = plan_device_map(lm, two, strategy="sequential")
+    auto = plan_device_map(lm, two)  # strategy="auto" is the default
+    assert set(sequential.device_map.values()) == {0}  # in order: GPU 0 takes it all
+    assert auto.on(0) and auto.on(1)  # balanced: both GPUs take a share
+    assert auto.budgets[0] < total == auto.budgets[1]  # the last GPU keeps its budget
+    assert map_differences(lm, auto.device_map, sequential.device_map)
+    acc_auto, acc_sequential = (accelerate_device_map(lm, two, strategy=s) for s in STRATEGIES[::3])
+    assert map_differences(lm, acc_auto, acc_sequential)
+    assert map_differences(lm, auto.device_map, acc_auto) == []
+    assert "max_memory" in usage_table(auto) and "max_memory" not in usage_table(sequential)
+    one = {0: total // 2, "cpu": total}
+    for strategy in STRATEGIES:
+        plan = plan_device_map(lm, one, strategy=strategy)
+        assert plan.budgets == plan.max_memory  # nothing to balance
+        reference = plan_device_map(lm, one, strategy="sequential").device_map
+        assert plan.device_map == reference
+        assert not map_differences(lm, accelerate_device_map(lm, one, strategy=strategy), reference)
+
+
+@pytest.mark.parametrize("bad", ["balance", "Auto", "", None, 0])
+def test_unknown_strategy_names_the_value_and_the_valid_ones(lm, bad):
+    valid = "valid: 'auto', 'balanced', 'balanced_low_0', 'sequential'"
+    with pytest.raises(
+        ValueError, match=rf"strategy = {bad!r} is not a device_map strategy; {valid}"
+    ):
+        plan_device_map(lm, {0: "1GB"}, strategy=bad)
+    with pytest.raises(ValueError, match=rf"strategy = {bad!r}.*{valid}"):
+        accelerate_device_map(lm, {0: "1GB"}, strategy=bad)
+
+
+def test_balanced_low_0_needs_gpus_counted_from_0(lm):
+    with pytest.raises(
+        ValueError, match=r"GPUs \[1, 2\].*valid: budgets above 0 for GPUs \[0, 1\]"
+    ):
+        plan_device_map(lm, {1: "1GB", 2: "1GB"}, strategy="balanced_low_0")
+    assert plan_device_map(lm, {1: "1GB", 2: "1GB"}).on(1)  # "auto" does not need GPU 0
+
+
+def test_accelerate_cannot_balance_a_disk_budget_so_the_wrapper_sets_it_aside(lm):
+    from accelerate.utils import get_balanced_memory
+
+    budget = {0: "1MB", 1: "1MB", "disk": "1GB"}
+    with pytest.raises(RuntimeError, match="disk"):
+        get_balanced_memory(lm, dict(budget), no_split_module_classes=["Block"])
+    balanced = accelerate_balanced_memory(lm, budget)
+    assert balanced == balanced_budgets(lm, budget) and balanced["disk"] == 10**9
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int8])
@@ -216,7 +358,7 @@ def test_7b_on_the_meta_device_agrees_with_accelerate(dtype):
     assert parameter_count(big) == 6_738_415_616
     assert {p.device.type for p in big.parameters()} == {"meta"}
     budget = {0: "24GiB", "cpu": "64GiB", "disk": "2000GB"}
-    ours = plan_device_map(big, budget, dtype=dtype, reserve_largest_layer=True)
+    ours = plan_device_map(big, budget, dtype=dtype)
     theirs = accelerate_device_map(big, budget, dtype=dtype)
     assert map_differences(big, ours.device_map, theirs) == []
     on_gpu = set(ours.device_map.values()) == {0}
@@ -309,9 +451,11 @@ def test_plot_plans_writes_one_png(tmp_path, lm):
     total = sizes_of(lm)[""]
     budget = {0: int(0.4 * total), "cpu": int(0.3 * total), "disk": "1GiB"}
     plans = {
-        "hand": plan_device_map(lm, budget),
-        "reserve": plan_device_map(lm, budget, reserve_largest_layer=True),
+        "hand": plan_device_map(lm, budget, reserve_largest_layer=False),
+        "reserve": plan_device_map(lm, budget),
+        "balanced": plan_device_map(lm, {0: total, 1: total}),  # draws max_memory too
     }
+    assert plans["balanced"].budgets[0] < plans["balanced"].max_memory[0]
     path = plot_plans(lm, plans, tmp_path / "dm.png", title="test")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
     assert [p.name for p in tmp_path.iterdir()] == ["dm.png"]

@@ -7,7 +7,13 @@ import pytest
 from helpers.core.errors import LaunchError
 from helpers.core.paths import RESULTS_DIR
 from helpers.tensor_parallel.config import DemoConfig
-from helpers.tensor_parallel.runs import launch_dtensor, launch_mesh, launch_tp, tp_sweep
+from helpers.tensor_parallel.runs import (
+    launch_dtensor,
+    launch_mesh,
+    launch_tp,
+    tp_sweep,
+    write_all_shards,
+)
 
 TINY = DemoConfig(
     hidden_size=32,
@@ -33,7 +39,7 @@ def test_sweep_checksums_match_native():
 
 
 def test_parallelize_module_matches_the_shard_files():
-    tp_sweep(TINY, (2,))  # writes the shards
+    write_all_shards(TINY, (2,))
     result = launch_dtensor(TINY, 2)
     assert result["local_shards_equal_files"]
     assert result["fc1_placement"] == "S(0)" and result["fc2_placement"] == "S(1)"
@@ -57,7 +63,7 @@ def test_two_dimensional_mesh_step_equals_full_model():
 
 def test_training_step_across_ranks_equals_the_one_process_step():
     """Loss, backward through f and g, SGD: each rank's updated shard is the full model's slice."""
-    tp_sweep(TINY, (2,))
+    write_all_shards(TINY, (2,))
     result = launch_tp(TINY, 2, train_step=True, activation="gelu")
     step = result["train_step"]
     assert step["agrees"] and step["activation"] == "gelu"

@@ -53,14 +53,24 @@ class Profile:
     lm_batch: int
     lm_seq: int
 
-    def describe(self) -> str:
-        """One line naming the profile and its main sizes."""
-        return (
-            f"profile '{self.name}': ResNet50 batch {self.resnet_batch} at "
-            f"{self.image_size}x{self.image_size}, {self.num_batches} batches, "
-            f"{self.repeats} repeats; FFN hidden {self.hidden_size}, ffn {self.ffn_size}, "
-            f"seq {self.seq_len}, batch {self.ffn_batch}, world size {self.world_size}"
-        )
+    def describe(self, topic: str | None = None) -> str:
+        """One line naming the profile and the sizes that ``topic`` (a lesson's subject) uses."""
+        sizes = {
+            "toy": f"toy model {self.toy_in} -> {self.toy_hidden} -> {self.toy_out}, batch {self.toy_batch}",
+            "resnet": f"ResNet50 batch {self.resnet_batch} at {self.image_size}x{self.image_size}, "
+            f"{self.num_batches} batches",
+            "pipeline": f"ResNet50 batch {self.pipe_batch} at {self.pipe_image_size}x"
+            f"{self.pipe_image_size}, {self.pipe_microbatches} micro-batches",
+            "lm": f"Llama-shaped model: vocab {self.lm_vocab}, hidden {self.lm_hidden}, "
+            f"{self.lm_blocks} blocks; batch {self.lm_batch} x {self.lm_seq} tokens",
+            "ffn": f"FFN hidden {self.hidden_size}, ffn {self.ffn_size}, seq {self.seq_len}, "
+            f"batch {self.ffn_batch}, world size {self.world_size}",
+        }
+        if topic is not None and topic not in sizes:
+            raise ValueError(f"unknown topic {topic!r}; valid choices: {', '.join(sizes)}")
+        chosen = [sizes[topic]] if topic else list(sizes.values())
+        timing = f"{self.warmup} warm-up run(s), {self.repeats} timed repeats"
+        return f"profile '{self.name}': " + "; ".join([*chosen, timing])
 
 
 PROFILES: dict[str, Profile] = {
@@ -136,9 +146,14 @@ def resolve_name(name: str | None = None) -> str:
     return chosen
 
 
-def get_profile(name: str | None = None, *, verbose: bool = False) -> Profile:
-    """The profile named ``name``, else the one ``$TUTORIAL_PROFILE`` selects."""
+def get_profile(
+    name: str | None = None, *, verbose: bool = False, topic: str | None = None
+) -> Profile:
+    """The profile named ``name``, else the one ``$TUTORIAL_PROFILE`` selects.
+
+    ``verbose`` prints it, with the sizes of ``topic`` only when given (e.g. ``"pipeline"``).
+    """
     profile = PROFILES[resolve_name(name)]
     if verbose:
-        print(f"Using {profile.describe()}")
+        print(f"Using {profile.describe(topic)}")
     return profile

@@ -10,7 +10,9 @@ would triple the cost of a training step and change what is measured.
 from __future__ import annotations
 
 import logging
+import os
 import statistics
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -18,6 +20,10 @@ from dataclasses import dataclass, field
 # CUDA toolkit on machines without one; nothing here compiles, so the warning is noise.
 logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 from torch.utils.benchmark.utils.timer import timer as synchronized_clock  # noqa: E402
+
+# ``make run`` and ``make refresh`` set this to "final": one line per timing loop instead of
+# a live progress bar, whose redraws would be stored in the notebook as dozens of fragments.
+PROGRESS_ENV = "TUTORIAL_PROGRESS"
 
 
 @dataclass(frozen=True)
@@ -81,7 +87,8 @@ def measure(
     for _ in range(warmup):
         fn()
     runs: Iterable[int] = range(repeats)
-    if progress:
+    live = progress and os.environ.get(PROGRESS_ENV) != "final"
+    if live:
         from tqdm import tqdm  # plain text bar: works in a terminal, a notebook and a log
 
         runs = tqdm(runs, desc=label or "timing", unit="run", mininterval=0.5)
@@ -90,6 +97,10 @@ def measure(
         start = synchronized_clock()
         fn()
         times.append(synchronized_clock() - start)
+    if progress and not live:  # stored notebooks keep one line, not a bar's many redraws
+        print(
+            f"{label or 'timing'}: {repeats} timed run(s) after {warmup} warm-up", file=sys.stderr
+        )
     return Timing(label=label, times=times)
 
 

@@ -38,24 +38,41 @@ def transfer_rows(
         tensor = torch.empty(int(mb * 1e6) // 4, dtype=torch.float32, device=src).uniform_()
         fn, simulated = copy_between(tensor, dst)
         timing = measure(fn, repeats=repeats, warmup=warmup, label=f"{mb:g} MB")
-        row = {"size_mb": mb, "seconds": timing.mean, "std": timing.std, "simulated": simulated}
-        row["gb_s"] = mb / 1e3 / timing.mean
-        for link, gb_s in LINKS_GB_S.items():
-            row[link] = mb / 1e3 / gb_s
-        rows.append(row)
+        rows.append(
+            {
+                "size_mb": mb,
+                "seconds": timing.mean,
+                "std": timing.std,
+                "simulated": simulated,
+                "gb_s": mb / 1e3 / timing.mean,
+            }
+        )
     return rows
 
 
+def format_seconds(seconds: float) -> str:
+    """A duration with a unit that keeps three significant digits: ns, us or ms."""
+    for unit, scale in (("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
+
+
 def format_transfer_rows(rows: list[dict]) -> str:
-    """The rows as a text table: measured time, then the time each link would take."""
-    links = list(LINKS_GB_S)
-    head = f"{'size':>8} {'measured':>12} {'GB/s':>7}  " + "  ".join(f"{k:>22}" for k in links)
-    lines = [head]
+    """The measured copies as a table: size, what was copied, time, bandwidth."""
+    lines = [f"{'size':>9}  {'copy':<24} {'mean time':>10} {'GB/s':>7}"]
     for r in rows:
-        tag = " (sim.)" if r["simulated"] else ""
+        what = "clone() (simulated)" if r["simulated"] else "tensor.to(dst)"
         lines.append(
-            f"{r['size_mb']:>6g}MB {r['seconds'] * 1e3:>9.3f} ms {r['gb_s']:>7.1f}  "
-            + "  ".join(f"{r[k] * 1e3:>19.3f} ms" for k in links)
-            + tag
+            f"{r['size_mb']:>7g}MB  {what:<24} {format_seconds(r['seconds']):>10} {r['gb_s']:>7.2f}"
         )
+    return "\n".join(lines)
+
+
+def link_times(sizes_mb: list[float]) -> str:
+    """What each link would take for these sizes at its theoretical peak, per direction."""
+    lines = [f"{'size':>9}  " + "  ".join(f"{k:>20}" for k in LINKS_GB_S)]
+    for mb in sizes_mb:
+        cells = [format_seconds(mb / 1e3 / gb_s) for gb_s in LINKS_GB_S.values()]
+        lines.append(f"{mb:>7g}MB  " + "  ".join(f"{c:>20}" for c in cells))
     return "\n".join(lines)

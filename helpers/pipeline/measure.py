@@ -129,7 +129,7 @@ def pipelined_runs(
     num_classes: int = 1000,
     timeout: float = 1800,
 ) -> dict:
-    """Launch one process per stage; time each (schedule, micro-batches) run; check the first."""
+    """Launch one process per stage; prove, then time, each (schedule, micro-batches) run."""
     options = {
         "--batch": batch,
         "--image-size": image_size,
@@ -208,7 +208,7 @@ def pipeline_section(
             }
             for (s, m), t in sorted(timed.items())
         ],
-        "check": piped.get("check"),
+        "checks": piped.get("checks"),
         "backend": piped["backend"],
         "threads_per_stage": 1 if piped["backend"] == "gloo" else None,
         "repeats": repeats,

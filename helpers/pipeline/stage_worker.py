@@ -1,8 +1,8 @@
 """One pipeline stage per process: ``torchrun --nproc-per-node=K -m helpers.pipeline.stage_worker``.
 
 Every rank builds the same ResNet50 (same seed), keeps only its stage, and trains it with
-``torch.distributed.pipelining`` (GPipe or 1F1B schedule). With ``--check`` the first step
-is compared, on rank 0, with the single-process reference: gradients accumulated over
+``torch.distributed.pipelining`` (GPipe or 1F1B schedule). With ``--check`` one step of every
+schedule is compared, on rank 0, with the single-process reference: gradients accumulated over
 the same micro-batches, one SGD step. Rank 0 returns everything as JSON.
 """
 
@@ -46,7 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch threads per stage process")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=0.01)
-    p.add_argument("--check", action="store_true", help="compare the first step with one process")
+    p.add_argument("--check", action="store_true", help="prove one step of each run against one process first")
     args = p.parse_args(argv)
     try:
         args.runs = [(name, int(m)) for name, m in (r.split(":") for r in args.runs.split(","))]
@@ -110,10 +110,14 @@ class StageTrainer:
         return step
 
 
-def check_first_step(
+def check_step(
     trainer: StageTrainer, reference: nn.Module | None, schedule: str, m: int, lr: float
 ) -> dict | None:
-    """Pipelined step vs one-process accumulated step; the comparison, on rank 0."""
+    """One pipelined step vs the one-process step accumulated over the same micro-batches.
+
+    ``reference`` (rank 0 only) is the whole model with the stages' current weights; the
+    comparison comes back on rank 0.
+    """
     loss, output = trainer.step_fn(schedule, m)()
     mine = (
         *snapshot(trainer.module),
@@ -184,8 +188,14 @@ def main(argv: list[str] | None = None) -> None:
             "image_size": args.image_size,
             "runs": [],
         }
-        if args.check:
-            result["check"] = check_first_step(trainer, reference, *args.runs[0], lr=args.lr)
+        if args.check:  # every schedule that is timed is first proven, from the same weights
+            start = copy.deepcopy(trainer.module.state_dict())
+            result["checks"] = []
+            for schedule, m in dict.fromkeys(args.runs):
+                trainer.module.load_state_dict(start)
+                ref = copy.deepcopy(reference) if reference is not None else None
+                result["checks"].append(check_step(trainer, ref, schedule, m, lr=args.lr))
+            trainer.module.load_state_dict(start)
         for schedule, m in args.runs:
             times = time_run(trainer, schedule, m, args.steps, args.warmup)
             result["runs"].append({"schedule": schedule, "microbatches": m, "times_s": times})

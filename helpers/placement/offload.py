@@ -29,6 +29,7 @@ from helpers.core.files import (
 )
 from helpers.core.optional import quiet_logs, require
 from helpers.core.paths import display_path
+from helpers.placement.balance import check_strategy
 from helpers.placement.planner import Device, tensor_devices
 
 FORMAT = "offload/1"
@@ -88,25 +89,64 @@ def remove_offload_folder(folder: str | Path) -> None:
     remove_verified_folder(folder)
 
 
+def accelerate_balanced_memory(
+    model: nn.Module,
+    max_memory: Mapping[Device, int | str],
+    *,
+    low_zero: bool = False,
+    no_split: list[str] | None = None,
+    dtype: torch.dtype | None = None,
+) -> dict[Device, int]:
+    """``accelerate.utils.get_balanced_memory`` on these budgets (GPU indices may be hypothetical).
+
+    It cannot read a ``"disk"`` key (``torch.device("disk")`` raises), so a disk budget is set
+    aside while it balances and put back after: balancing concerns the GPUs only.
+    """
+    utils = require("accelerate.utils", "device_map='auto' planning")
+    if no_split is None:
+        no_split = list(getattr(model, "_no_split_modules", None) or [])
+    budgets = dict(max_memory)  # accelerate converts the strings in place: work on a copy
+    disk = budgets.pop("disk", None)
+    with quiet_logs(ACCELERATE_LOGGERS, "is not available, available devices are"):
+        balanced = dict(
+            utils.get_balanced_memory(
+                model, budgets, no_split_module_classes=no_split, dtype=dtype, low_zero=low_zero
+            )
+        )
+    if disk is not None:
+        balanced["disk"] = utils.convert_file_size_to_int(disk)
+    return balanced
+
+
 def accelerate_device_map(
     model: nn.Module,
     max_memory: Mapping[Device, int | str],
     *,
+    strategy: str = "auto",
     no_split: list[str] | None = None,
     dtype: torch.dtype | None = None,
 ) -> dict[str, Device]:
-    """``accelerate.infer_auto_device_map`` with these budgets (GPU indices may be hypothetical).
+    """What transformers' ``from_pretrained(device_map=strategy, max_memory=...)`` plans.
 
-    On a machine without those GPUs accelerate logs "Device N is not available"; planning is
-    only arithmetic, so that one message is dropped.
+    As transformers does: for "auto", "balanced" and "balanced_low_0",
+    ``get_balanced_memory`` (see :func:`accelerate_balanced_memory`) then
+    ``infer_auto_device_map`` with those budgets; for "sequential", ``infer_auto_device_map``
+    alone. On a machine without the GPUs named, accelerate logs "Device N is not available";
+    planning is only arithmetic, so that one message is dropped.
     """
     accelerate = require("accelerate", "device_map='auto' planning")
     if no_split is None:
         no_split = list(getattr(model, "_no_split_modules", None) or [])
+    budgets = dict(max_memory)
+    if check_strategy(strategy) != "sequential":
+        low_zero = strategy == "balanced_low_0"
+        budgets = accelerate_balanced_memory(
+            model, budgets, low_zero=low_zero, no_split=no_split, dtype=dtype
+        )
     with quiet_logs(ACCELERATE_LOGGERS, "is not available, available devices are"):
         return dict(
             accelerate.infer_auto_device_map(
-                model, max_memory=dict(max_memory), no_split_module_classes=no_split, dtype=dtype
+                model, max_memory=budgets, no_split_module_classes=no_split, dtype=dtype
             )
         )
 

@@ -1,25 +1,19 @@
-"""Lesson 04: ``device_map="auto"`` written by hand.
+"""Lesson 04: ``device_map="auto"`` written by hand, in two steps.
 
-Fill the fastest device first, then the next one (GPU 0, GPU 1, ..., CPU, disk),
-whole modules at a time, under a memory budget per device (``max_memory``):
+1. Budgets: ``"sequential"`` takes ``max_memory`` as given; ``"auto"``, ``"balanced"`` and
+   ``"balanced_low_0"`` first lower the GPU budgets to spread the model over all the GPUs
+   (:mod:`helpers.placement.balance`).
+2. The fill: walk the modules in order, sized from parameters and buffers; put each on the
+   current device (GPU 0, GPU 1, ..., CPU, disk) if it fits, else replace it by its children,
+   unless its class is unsplittable (a transformer block: its residual must stay on one
+   device), in which case the walk moves on to the next device, for good.
 
-- walk the model's modules in order and size each one from its parameters and
-  buffers (bytes = elements x bytes per element of its dtype);
-- a module that fits in what is left on the current device goes there;
-- one that does not fit is replaced by its children, unless its class is marked
-  unsplittable (a transformer block: its residual connection must stay on one device);
-- a module that cannot be split moves the walk on to the next device, for good.
-
-Budgets are written as accelerate writes them ("10GiB", "500MB", or an int of bytes),
-and the result is the map module name -> device that ``accelerate.dispatch_model``
-takes. ``reserve_largest_layer=True`` adds accelerate's one extra rule (see
-:func:`plan_device_map`); with it, this planner and ``accelerate.infer_auto_device_map``
-give the same placement on the lesson's models.
+Budgets are as accelerate writes them ("10GiB", "500MB", an int of bytes); the result is the
+map module name -> device that ``accelerate.dispatch_model`` takes, as transformers plans it.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -28,85 +22,8 @@ from torch import nn
 
 from helpers.core.errors import DoesNotFitError
 from helpers.core.sizes import format_bytes
-
-Device = int | str  # a GPU index, "cpu" or "disk", as accelerate's device maps write them
-
-SIZE_FORMS = (
-    "an int number of bytes (e.g. 1073741824), or a number and a unit: "
-    "'KiB', 'MiB', 'GiB' (powers of 1024, e.g. '10GiB') or 'KB', 'MB', 'GB' "
-    "(powers of 1000, e.g. '500MB', '10GB')"
-)
-DEVICE_FORMS = "GPU indices as ints (0, 1, ...), 'cpu' and 'disk'"
-_UNITS = {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "KB": 10**3, "MB": 10**6, "GB": 10**9}
-_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([KMG]I?B)\s*", re.IGNORECASE)
-
-
-def parse_size(size: int | str, *, what: str = "size") -> int:
-    """Bytes in ``size``: an int, or a string such as ``"10GiB"``, ``"500MB"`` or ``"1.5GB"``.
-
-    The forms and values are those of ``accelerate.utils.convert_file_size_to_int``, with
-    one exception: accelerate reads a final lowercase ``b`` of a decimal unit as *bits*
-    (``"10Gb"`` = 1.25e9 bytes). That is almost always a typo, so it is refused here.
-    """
-    if isinstance(size, int) and not isinstance(size, bool):
-        if size < 0:
-            raise ValueError(f"{what} = {size!r} is negative; valid forms: {SIZE_FORMS}")
-        return size
-    if not isinstance(size, str):
-        raise ValueError(f"{what} = {size!r} is a {type(size).__name__}; valid forms: {SIZE_FORMS}")
-    match = _SIZE.fullmatch(size)
-    if match is None:
-        hint = " (a string needs a unit)" if re.fullmatch(r"\s*[\d.]+\s*", size) else ""
-        raise ValueError(f"{what} = {size!r} is not a size{hint}; valid forms: {SIZE_FORMS}")
-    number, unit = match.groups()
-    if unit.endswith("b") and "i" not in unit.lower():
-        raise ValueError(
-            f"{what} = {size!r} ends in a lowercase 'b', which accelerate reads as bits; "
-            f"write '{number}{unit.upper()}' for bytes; valid forms: {SIZE_FORMS}"
-        )
-    return int(float(number) * _UNITS[unit.upper()])  # computed as accelerate computes it
-
-
-def parse_budgets(max_memory: Mapping[Device, int | str]) -> dict[Device, int]:
-    """``max_memory`` in bytes, ordered as the planner fills it: GPU 0, GPU 1, ..., cpu, disk."""
-    if not max_memory:
-        raise ValueError(f"max_memory is empty; give a budget for some of: {DEVICE_FORMS}")
-    budgets: dict[Device, int] = {}
-    for device, size in max_memory.items():
-        gpu_index = isinstance(device, int) and not isinstance(device, bool) and device >= 0
-        if not gpu_index and device not in ("cpu", "disk"):
-            hint = ""
-            if isinstance(device, str) and re.fullmatch(r"(cuda:)?\d+", device):
-                hint = f" (write the GPU index as the int {int(device.split(':')[-1])})"
-            raise ValueError(
-                f"unknown device {device!r} in max_memory{hint}; valid: {DEVICE_FORMS}"
-            )
-        budgets[device] = parse_size(size, what=f"max_memory[{device!r}]")
-    gpus = sorted(d for d in budgets if isinstance(d, int))
-    return {d: budgets[d] for d in [*gpus, "cpu", "disk"] if d in budgets}
-
-
-def tensor_bytes(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> int:
-    """Bytes of ``tensor``; with ``dtype``, floating-point tensors count as loaded in that dtype.
-
-    As accelerate does, a ``dtype`` never makes a tensor bigger, and integer tensors keep theirs.
-    """
-    size = tensor.element_size()
-    if dtype is not None and (tensor.is_floating_point() or tensor.is_complex()):
-        size = min(size, dtype.itemsize)
-    return tensor.numel() * size
-
-
-def module_sizes(model: nn.Module, dtype: torch.dtype | None = None) -> dict[str, int]:
-    """Bytes of every module and tensor of ``model`` by name ("" is the whole model)."""
-    sizes = {name: 0 for name, _ in model.named_modules()}  # modules without weights too
-    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-        parts = name.split(".")
-        for i in range(len(parts) + 1):
-            prefix = ".".join(parts[:i])
-            sizes[prefix] = sizes.get(prefix, 0) + tensor_bytes(tensor, dtype)
-    return sizes
-
+from helpers.placement.balance import balanced_budgets, check_strategy
+from helpers.placement.sizing import Device, module_sizes, parse_budgets
 
 Entry = tuple[str, nn.Module | torch.Tensor]
 
@@ -149,8 +66,8 @@ def largest_layer(entries: list[Entry], sizes: Mapping[str, int], no_split: Iter
 class Plan:
     """A placement: ``device_map`` (module name -> device, in walk order) and its bookkeeping.
 
-    ``used``: bytes placed per device. ``reserved``: room held back on a main device at the
-    walk's last decision there (when it moved on, the room the next module could not have).
+    ``budgets``: what the fill used (balanced), ``max_memory``: as given; ``used``: bytes placed.
+    ``reserved``: room held back on a main device at the walk's last decision there.
     """
 
     device_map: dict[str, Device]
@@ -158,6 +75,8 @@ class Plan:
     sizes: dict[str, int]
     used: dict[Device, int] = field(default_factory=dict)
     reserved: dict[Device, int] = field(default_factory=dict)
+    max_memory: dict[Device, int] = field(default_factory=dict)
+    strategy: str = "sequential"
 
     def on(self, device: Device) -> list[str]:
         """Names of the modules placed on ``device``."""
@@ -168,29 +87,38 @@ def plan_device_map(
     model: nn.Module,
     max_memory: Mapping[Device, int | str],
     *,
+    strategy: str = "auto",
     no_split: Iterable[str] | None = None,
     dtype: torch.dtype | None = None,
-    reserve_largest_layer: bool = False,
+    reserve_largest_layer: bool = True,
 ) -> Plan:
-    """Place ``model``'s modules on the devices of ``max_memory``, fastest first.
+    """Place ``model``'s modules on the devices of ``max_memory``, as ``device_map=strategy`` does.
 
+    ``strategy``: "sequential" fills the devices in order under ``max_memory``; "auto" (the
+    same as "balanced") and "balanced_low_0" first balance the GPU budgets, then fill.
     ``no_split``: class names never cut in two (default: the model's ``_no_split_modules``).
     ``dtype``: plan as if the floating-point weights were loaded in this dtype.
-    ``reserve_largest_layer``: accelerate's rule. Offloaded layers are brought to the
-    *main* devices (the first GPU, and the CPU) to run, so there it holds back room for
-    the largest layer still to place. Only the devices in ``max_memory`` are used: add
-    ``"disk"`` to let the rest spill there.
+    ``reserve_largest_layer``: accelerate's rule (on by default, as in accelerate). Offloaded
+    layers are brought to the *main* devices (the first GPU, and the CPU) to run, so there it
+    holds back room for the largest layer still to place. Only the devices in ``max_memory``
+    are used: add ``"disk"`` to let the rest spill there.
     """
-    budgets = parse_budgets(max_memory)
+
+    check_strategy(strategy)
     if no_split is None:
         no_split = getattr(model, "_no_split_modules", None) or []
     no_split = set(no_split)
+    asked = parse_budgets(max_memory)
+    budgets = dict(asked)  # step 1: the budgets ("sequential": max_memory as given)
+    if strategy != "sequential":
+        low_zero = strategy == "balanced_low_0"
+        budgets = balanced_budgets(model, asked, low_zero=low_zero, no_split=no_split, dtype=dtype)
     sizes = module_sizes(model, dtype)
     devices = list(budgets)
     main = {devices[0], "cpu"} if isinstance(devices[0], int) else {"cpu"}
-    plan = Plan({}, budgets, sizes, used=dict.fromkeys(devices, 0))
+    plan = Plan({}, budgets, sizes, dict.fromkeys(devices, 0), max_memory=asked, strategy=strategy)
 
-    todo, d = parts_of(model), 0
+    todo, d = parts_of(model), 0  # step 2: the fill
     while todo:
         name, obj = todo.pop(0)
         while d < len(devices):
@@ -208,10 +136,11 @@ def plan_device_map(
                 break
             d += 1  # cannot split: this device is done, move on to the next
         else:
+            balanced = "" if budgets == asked else f" (balanced by {strategy!r}: {budgets})"
             raise DoesNotFitError(
                 f"{name!r} ({type(obj).__name__}, {format_bytes(sizes[name])}) fits on none of "
-                f"the devices left in max_memory = {dict(max_memory)!r}; valid: budgets that leave "
-                f"room for it on some device, or add (or enlarge) 'disk' to take the rest"
+                f"the devices left in max_memory = {dict(max_memory)!r}{balanced}; valid: budgets "
+                f"that leave room for it on some device, or add (or enlarge) 'disk' to take the rest"
             )
     return plan
 

@@ -26,11 +26,15 @@ def entry_device(model: nn.Module, name: str, device_map: Mapping[str, Device]) 
 
 
 def plan_table(
-    model: nn.Module, plan: Plan, others: Mapping[str, Mapping[str, Device]] | None = None
+    model: nn.Module,
+    plan: Plan,
+    others: Mapping[str, Mapping[str, Device]] | None = None,
+    *,
+    label: str = "hand planner",
 ) -> str:
     """One row per placed module: name, class, size, device; plus a column per other map."""
     others = others or {}
-    head = f"{'module':<12} {'class':<10} {'size':>10}  {'hand planner':<12}"
+    head = f"{'module':<12} {'class':<10} {'size':>10}  {label:<12}"
     lines = [head + "".join(f"  {k:<12}" for k in others)]
     modules = dict(model.named_modules())
     for name, device in plan.device_map.items():
@@ -42,14 +46,22 @@ def plan_table(
     return "\n".join(lines)
 
 
+def balanced(plan: Plan) -> bool:
+    """True if balancing lowered some budget below ``max_memory``."""
+    return any(plan.budgets[d] != b for d, b in plan.max_memory.items() if d in plan.budgets)
+
+
 def usage_table(plan: Plan) -> str:
-    """Per device: budget, bytes placed, room held back, modules placed."""
-    lines = [f"{'device':<7} {'budget':>11} {'placed':>11} {'held back':>11}  modules"]
+    """Per device: budget (and max_memory, if balancing lowered it), placed, held back, modules."""
+    asked = balanced(plan)
+    given = f" {'max_memory':>11}" if asked else ""
+    lines = [f"{'device':<7}{given} {'budget':>11} {'placed':>11} {'held back':>11}  modules"]
     for device, budget in plan.budgets.items():
         names = plan.on(device)
         listed = ", ".join(names) if len(names) <= 4 else f"{names[0]} ... {names[-1]}"
+        given = f" {format_bytes(plan.max_memory[device]):>11}" if asked else ""
         lines.append(
-            f"{device_label(device):<7} {format_bytes(budget):>11} "
+            f"{device_label(device):<7}{given} {format_bytes(budget):>11} "
             f"{format_bytes(plan.used.get(device, 0)):>11} "
             f"{format_bytes(plan.reserved.get(device, 0)):>11}  {len(names)}: {listed or '-'}"
         )
@@ -68,7 +80,8 @@ def plot_plans(
     """Stacked bars of bytes per device, one panel per plan, saved atomically as PNG.
 
     Each bar stacks the modules placed on that device, coloured by class; a hatched
-    segment is the room a plan held back; a dashed line marks the device's budget.
+    segment is the room a plan held back; a dashed line marks the device's budget, and a
+    dotted one its ``max_memory`` where balancing lowered the budget.
     """
     import matplotlib.pyplot as plt
 
@@ -111,6 +124,9 @@ def plot_plans(
                     linewidth=0.6,
                 )
             budget = plan.budgets[device] / mib
+            given = plan.max_memory.get(device, plan.budgets[device]) / mib
+            if budget < given <= top:
+                ax.hlines(given, x - 0.4, x + 0.4, colors="grey", linestyles="dotted")
             if budget <= top:
                 ax.hlines(budget, x - 0.4, x + 0.4, colors="black", linestyles="dashed")
             else:
@@ -132,9 +148,13 @@ def plot_plans(
         plt.Rectangle((0, 0), 1, 1, facecolor="none", edgecolor="grey", hatch="///"),
         plt.Line2D([0], [0], color="black", linestyle="dashed"),
     ]
+    names = [*kinds, "held back", "budget"]
+    if any(balanced(p) for p in plans.values()):
+        handles.append(plt.Line2D([0], [0], color="grey", linestyle="dotted"))
+        names.append("max_memory")
     fig.legend(
         handles,
-        [*kinds, "held back", "budget"],
+        names,
         loc="lower center",
         ncol=len(handles),
         frameon=False,

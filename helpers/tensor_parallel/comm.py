@@ -119,3 +119,20 @@ def format_costs(costs: Sequence[TpCost]) -> str:
             f"{format_bytes(c.allreduce_bytes):>21} {ratio:>20}"
         )
     return "\n".join(lines)
+
+
+def allreduce_seconds(
+    tensor_bytes: float, world_size: int, *, bandwidth: float, latency: float
+) -> float:
+    """A ring all-reduce's time: 2(p-1) steps, each a fixed ``latency`` plus its bytes / bandwidth."""
+    steps = 2 * (world_size - 1)
+    return steps * latency + ring_allreduce_bytes(tensor_bytes, world_size) / bandwidth
+
+
+def forward_seconds(
+    cost: TpCost, output_bytes: float, *, flop_rate: float, bandwidth: float, latency: float
+) -> tuple[float, float]:
+    """(compute, all-reduce) seconds of one forward. g is on the critical path: they add up."""
+    return cost.flops / flop_rate, allreduce_seconds(
+        output_bytes, cost.world_size, bandwidth=bandwidth, latency=latency
+    )

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -20,11 +21,12 @@ from helpers.core.devices import machine_info
 from helpers.core.files import atomic_write_text
 from helpers.core.paths import NOTEBOOKS_DIR, RESULTS_DIR, display_path
 from helpers.core.profiles import resolve_name
+from helpers.core.timing import PROGRESS_ENV
 
 
 def lessons(only: list[str] | None = None) -> list[Path]:
     """The lesson notebooks in teaching order, optionally those whose name starts with ``only``."""
-    found = sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
+    found = sorted(p for p in NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb") if ".failed" not in p.name)
     if only:
         chosen = [p for p in found if any(p.name.startswith(o) for o in only)]
         if not chosen:
@@ -51,7 +53,7 @@ def execute(path: Path, out_path: Path, timeout: int) -> float:
     try:
         client.execute()
     except CellExecutionError:
-        failed = out_path.with_suffix(".failed.ipynb")
+        failed = RESULTS_DIR / f"{path.stem}.failed.ipynb"  # never beside the lessons
         atomic_write_text(failed, nbformat.writes(nb))
         print(
             f"\n{path.name} failed; the executed part is in {display_path(failed)}", file=sys.stderr
@@ -72,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
     args = parser.parse_args(argv)
 
+    os.environ[PROGRESS_ENV] = "final"  # the kernels inherit it: one line per timing loop
     profile = resolve_name()
     try:
         paths = lessons(args.only)

@@ -1,0 +1,83 @@
+"""The steps of ``make gpu-check`` in order, with their estimates, and the function of each.
+
+``STEPS`` imports nothing heavy (the help lists it); ``execute`` imports the step modules,
+and with them torch, only when the run starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from helpers.gpu_check.context import Context, Step
+
+STEPS = (
+    Step("machine", "GPU names and memory, driver, torch, CUDA, NCCL, CPU cores, python", 5, 1),
+    Step(
+        "lesson01_toy",
+        "toy model on plan_devices(2) proven equal to one device (atol 1e-6); host-to-device "
+        "(pageable vs pinned) and device-to-device copy bandwidth for 1, 16, 128 MB",
+        10,
+        4,
+    ),
+    Step(
+        "lesson02_resnet",
+        "ResNet50 split proven equal to one device in a training step (relative 1e-3 on CUDA); "
+        "Model Parallel vs Single GPU (batch 120, 128x128, 3 batches, 10 repeats); mp_vs_rn.png",
+        40,
+        10,
+    ),
+    Step(
+        "pipeline",
+        "in-process micro-batching vs the naive split on plan_devices(2); CPU pipeline with "
+        "K=2 and K=4 stage processes (gloo, one thread each) vs one process with one thread",
+        60,
+        40,
+    ),
+    Step("memory", "helpers.memory's ledger vs torch.cuda.max_memory_allocated, if present", 10, 1),
+    Step(
+        "device_map",
+        "tiny_lm (full profile) on GPU 0 + CPU + disk with accelerate; output proven equal to "
+        "one device; forward time vs all on the GPU",
+        30,
+        4,
+    ),
+    Step(
+        "tensor_parallel",
+        "the source's tp_demo command; shards; tp ranks (NCCL, one GPU per rank) and DTensor "
+        "proven equal to native, plus one training step; native vs tp timings",
+        90,
+        45,
+    ),
+)
+
+StepFunction = Callable[[Context, dict], None]
+
+
+def step_functions() -> dict[str, StepFunction]:
+    """Step name -> ``step_<name>(ctx, fig)``; imports the step modules (and torch)."""
+    from helpers.gpu_check import (
+        steps_model_parallel,
+        steps_pipeline,
+        steps_placement,
+        steps_tensor_parallel,
+    )
+
+    return {
+        "machine": steps_model_parallel.step_machine,
+        "lesson01_toy": steps_model_parallel.step_lesson01_toy,
+        "lesson02_resnet": steps_model_parallel.step_lesson02_resnet,
+        "pipeline": steps_pipeline.step_pipeline,
+        "memory": steps_placement.step_memory,
+        "device_map": steps_placement.step_device_map,
+        "tensor_parallel": steps_tensor_parallel.step_tensor_parallel,
+    }
+
+
+def execute(ctx: Context) -> Callable[[Step, dict], None]:
+    """The runner's callback: ``step_<name>(ctx, fig)``."""
+    functions = step_functions()
+
+    def run(step: Step, fig: dict) -> None:
+        functions[step.name](ctx, fig)
+
+    return run

@@ -1,0 +1,147 @@
+"""Step 4 of ``make gpu-check``: lesson 03's pipeline, in one process and one per stage.
+
+In-process micro-batching on ``plan_devices(2)`` vs the naive split, then the CPU pipeline
+with K stage processes (gloo, one thread each) vs one process with one thread.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from helpers.core.devices import cpu_cores, plan_devices
+from helpers.core.timing import Timing, measure
+from helpers.gpu_check.context import Context, release
+
+
+def single_thread_step(batch: int, image: int, steps: int) -> Timing:
+    """A ResNet50 training step in this process with one thread: the CPU bench's baseline."""
+    from torch import nn
+
+    from helpers.model_parallel.resnet import one_hot_labels, resnet50
+
+    torch.manual_seed(0)
+    model = resnet50()
+    images, labels = (
+        torch.randn(batch, 3, image, image),
+        one_hot_labels(torch.randint(0, 1000, (batch,)), 1000),
+    )
+    optimizer, loss_fn = torch.optim.SGD(model.parameters(), lr=0.01), nn.MSELoss()
+
+    def step() -> None:
+        optimizer.zero_grad()
+        loss_fn(model(images), labels).backward()
+        optimizer.step()
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        return measure(step, repeats=steps, warmup=1, label="one process, one thread")
+    finally:
+        torch.set_num_threads(threads)
+
+
+@functools.cache
+def balanced_cut(stages: int, image: int) -> list[str]:
+    """``balanced_cut_names``, counted once per (stages, image size)."""
+    from helpers.pipeline.balance import balanced_cut_names
+
+    return balanced_cut_names(stages, image)
+
+
+def in_process_pipeline(ctx: Context) -> dict:
+    """Micro-batches in one process on plan_devices(2) vs the naive split and one device."""
+    from helpers.pipeline.measure import in_process_timings
+
+    s, plan = ctx.sizes, ctx.plan(2)
+    cut = balanced_cut(2, s.pipe_image)
+    timings = in_process_timings(
+        s.pipe_batch,
+        s.pipe_image,
+        2,
+        s.pipe_micro,
+        cut,
+        repeats=s.pipe_repeats,
+        warmup=1,
+        devices=plan.devices,
+    )
+    out = {"devices": [str(d) for d in plan.devices], "simulated": plan.simulated, "cut": cut}
+    out.update({k: t.as_dict() for k, t in timings.items()})
+    out["naive_over_microbatched"] = timings["naive_mp"].mean / timings["microbatched"].mean
+    return out
+
+
+def pipeline_processes(ctx: Context, stages: int, baseline: Timing) -> dict:
+    """K stage processes (gloo on the CPU unless K GPUs give NCCL), timed and checked."""
+    from helpers.pipeline.measure import pipelined_runs, timings_by_run
+    from helpers.pipeline.schedule import ideal_speedup
+
+    s = ctx.sizes
+    cut = balanced_cut(stages, s.cpu_image)
+    piped = pipelined_runs(
+        s.cpu_batch,
+        s.cpu_image,
+        stages,
+        [("gpipe", s.cpu_micro)],
+        cut,
+        steps=s.cpu_steps,
+        warmup=1,
+        timeout=300,
+    )
+    timing = timings_by_run(piped)[("gpipe", s.cpu_micro)]
+    checks = [c for c in piped.get("checks") or [piped.get("check")] if c]  # per run, or first
+    keys = ("output_diff", "loss_diff", "grad_diff", "weight_diff")
+    worst = max((c[k] for c in checks for k in keys), default=float("inf"))
+    return {
+        "stages": stages,
+        "backend": piped["backend"],
+        "backend_reason": plan_devices(stages, processes=True).reason,
+        "cut_before": cut,
+        **timing.as_dict(),
+        "speedup": baseline.mean / timing.mean,
+        "ideal_speedup": ideal_speedup(stages, s.cpu_micro),
+        "checks": checks,
+        "check_max_diff": worst,
+        # gloo: the same CPU arithmetic as the reference; NCCL stages run on GPUs (TF32)
+        "check_agrees": worst <= 1e-5 if piped["backend"] == "gloo" else None,
+    }
+
+
+def skip_reason(stages: int, cores: int, wanted: tuple[int, ...]) -> str | None:
+    """Why K=``stages`` stage processes are not launched here (None: they are)."""
+    if cores < stages:
+        return f"{cores} CPU core(s): K={stages} stage processes need {stages}"
+    if stages not in wanted:
+        return "not in --smoke: it runs the code of K=2 again"
+    return None
+
+
+def step_pipeline(ctx: Context, fig: dict) -> None:
+    """In-process micro-batching on the GPU(s); the CPU pipeline's speed-up vs K."""
+    fig["in_process"] = in_process_pipeline(ctx)
+    print(fig["in_process"]["naive_over_microbatched"], "= naive / micro-batched")
+    release()
+    s, cores = ctx.sizes, cpu_cores()
+    baseline = single_thread_step(s.cpu_batch, s.cpu_image, s.cpu_steps)
+    fig["cpu_bench"] = {
+        "batch": s.cpu_batch,
+        "image": s.cpu_image,
+        "microbatches": s.cpu_micro,
+        "cpu_cores": cores,
+        "one_process_one_thread": baseline.as_dict(),
+        "runs": [],
+        "skipped": {},
+    }
+    for stages in (2, 4):
+        reason = skip_reason(stages, cores, s.cpu_stages)
+        if reason:
+            print(f"K={stages} skipped: {reason}")
+            fig["cpu_bench"]["skipped"][f"K={stages}"] = reason
+            continue
+        row = pipeline_processes(ctx, stages, baseline)
+        fig["cpu_bench"]["runs"].append(row)
+        print(f"K={stages} ({row['backend']}): speed-up {row['speedup']:.2f}")
+    bad = [r["stages"] for r in fig["cpu_bench"]["runs"] if r["check_agrees"] is False]
+    if bad:
+        raise AssertionError(f"pipelined step differs from one process for K={bad} (1e-5)")

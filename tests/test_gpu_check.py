@@ -1,0 +1,166 @@
+"""``make gpu-check``: the budget rule, failures kept, the report, and the CPU rehearsal."""
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers.gpu_check.catalog import STEPS
+from helpers.gpu_check.cli import main
+from helpers.gpu_check.context import Step, StepSkipped
+from helpers.gpu_check.report import report_writer
+from helpers.gpu_check.runner import run_steps
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def gpu_check(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "helpers.tools.gpu_check", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_steps_past_the_budget_are_skipped_with_reason_budget():
+    now = [0.0]
+    ran = []
+
+    def execute(step, fig):
+        ran.append(step.name)
+        fig["measured"] = 1.0
+        now[0] += 10.0
+
+    steps = [Step("a", "fits", 10, 10), Step("b", "too long", 100, 100), Step("c", "short", 1, 1)]
+    records = run_steps(steps, execute, budget=50, clock=lambda: now[0])
+    assert ran == ["a"]  # once one step does not fit, no later step starts
+    assert [(r["name"], r["status"], r.get("reason")) for r in records] == [
+        ("a", "ok", None),
+        ("b", "skipped", "budget"),
+        ("c", "skipped", "budget"),
+    ]
+    assert records[0]["figures"] == {"measured": 1.0} and records[0]["seconds"] == 10.0
+
+
+def test_smoke_estimates_are_used_in_smoke_mode():
+    steps = [Step("a", "slow on a GPU, quick in smoke", 1000, 1)]
+    records = run_steps(steps, lambda step, fig: None, budget=5, smoke=True)
+    assert records[0]["status"] == "ok" and records[0]["estimate_s"] == 1
+
+
+def test_a_failing_step_is_recorded_and_the_rest_still_run():
+    def execute(step, fig):
+        fig["before"] = step.name
+        if step.name == "bad":
+            raise RuntimeError("boom")
+        if step.name == "absent":
+            raise StepSkipped("helpers.memory not present")
+
+    steps = [Step(n, n, 1, 1) for n in ("bad", "absent", "good")]
+    bad, absent, good = run_steps(steps, execute, budget=100)
+    assert bad["status"] == "failed" and bad["figures"] == {"before": "bad"}
+    assert bad["error"]["type"] == "RuntimeError" and bad["error"]["message"] == "boom"
+    assert any("boom" in line for line in bad["error"]["traceback"])
+    assert (absent["status"], absent["reason"]) == ("skipped", "helpers.memory not present")
+    assert good["status"] == "ok"
+
+
+def test_report_is_rewritten_after_every_step(tmp_path):
+    doc = {
+        "mode": "smoke",
+        "command": "x",
+        "budget_s": 9.0,
+        "started": "now",
+        "finished": False,
+        "machine": {"description": "a test"},
+    }
+    write = report_writer(tmp_path / "r.json", tmp_path / "r.md", doc)
+    seen = []
+
+    def execute(step, fig):
+        seen.append(json.loads((tmp_path / "r.json").read_text())["running"])
+        fig["rows"] = [{"size_mb": 1, "gb_s": 2.5}]
+
+    run_steps(
+        [Step("one", "first", 1, 1), Step("two", "second", 1, 1)], execute, budget=100, report=write
+    )
+    assert seen == ["one", "two"]
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert [s["status"] for s in saved["steps"]] == ["ok", "ok"] and saved["running"] is None
+    md = (tmp_path / "r.md").read_text()
+    assert "| one | ok |" in md and "size_mb: 1, gb_s: 2.5" in md
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "soon"])
+def test_bad_budget_is_a_clear_argparse_error(value, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--budget", value])
+    assert info.value.code == 2
+    assert "--budget" in capsys.readouterr().err
+
+
+def test_every_step_has_its_function_and_smoke_launches_k2_only():
+    from helpers.gpu_check.catalog import step_functions
+    from helpers.gpu_check.context import FULL, SMOKE
+    from helpers.gpu_check.steps_pipeline import skip_reason
+
+    assert list(step_functions()) == [s.name for s in STEPS]
+    assert skip_reason(4, 2, FULL.cpu_stages).startswith("2 CPU core(s)")  # cores come first
+    assert skip_reason(4, 8, FULL.cpu_stages) is None
+    assert "--smoke" in skip_reason(4, 8, SMOKE.cpu_stages)
+    assert skip_reason(2, 2, SMOKE.cpu_stages) is None
+
+
+def test_help_describes_every_step_and_the_budget():
+    result = gpu_check("--help", timeout=120)
+    assert result.returncode == 0, result.stderr
+    for step in STEPS:
+        assert step.name in result.stdout
+    assert "--budget" in result.stdout and "'budget'" in result.stdout
+
+
+def gpu_check_imports() -> list[str]:
+    """helpers.gpu_check's modules and every helpers module they import, inside steps too."""
+    names = {"helpers.tools.gpu_check"}
+    for path in sorted((ROOT / "helpers" / "gpu_check").glob("*.py")):
+        if path.stem != "__main__":  # it runs the check when imported
+            names.add(f"helpers.gpu_check.{path.stem}".removesuffix(".__init__"))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("helpers."):
+                names.add(node.module)
+    return sorted(names)
+
+
+def test_importing_the_runner_imports_no_notebook_machinery():
+    modules = gpu_check_imports()
+    assert "helpers.tensor_parallel.runs" in modules and "helpers.gpu_check.runner" in modules
+    code = (
+        f"import importlib, sys; [importlib.import_module(m) for m in {modules!r}]; "
+        "bad = {'IPython', 'nbformat', 'nbclient', 'torchsummary'} & set(sys.modules); "
+        "assert not bad, bad"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_smoke_run_passes_every_step(tmp_path):
+    result = gpu_check("--smoke", "--out", str(tmp_path), "--budget", "3000", timeout=900)
+    report = tmp_path / "gpu_check_smoke.json"
+    assert report.exists(), (result.stdout[-3000:], result.stderr[-3000:])
+    doc = json.loads(report.read_text())
+    assert [s["name"] for s in doc["steps"]] == [s.name for s in STEPS]
+    for step in doc["steps"]:
+        assert step["status"] in ("ok", "skipped"), (step["name"], step.get("error"))
+        assert step["status"] == "ok" or step["reason"], step
+    assert doc["finished"] and doc["mode"] == "smoke" and doc["machine"]["cpu_cores"] >= 1
+    md = (tmp_path / "gpu_check_smoke.md").read_text()
+    assert all(f"| {s.name} |" in md for s in STEPS)
+    assert (tmp_path / "gpu_check_smoke" / "mp_vs_rn.png").stat().st_size > 0
+    assert not (tmp_path / "gpu_check.json").exists()  # never the real run's file
+    assert result.returncode == 0, result.stderr[-3000:]
