@@ -34,16 +34,19 @@ def plan_table(
 ) -> str:
     """One row per placed module: name, class, size, device; plus a column per other map."""
     others = others or {}
-    head = f"{'module':<12} {'class':<10} {'size':>10}  {label:<12}"
-    lines = [head + "".join(f"  {k:<12}" for k in others)]
     modules = dict(model.named_modules())
+    kinds = {n: type(modules[n]).__name__ if n in modules else "tensor" for n in plan.device_map}
+    wn = max(len("module"), *map(len, kinds))
+    wk = max(len("class"), *map(len, kinds.values()))
+    lines = [f"{'module':<{wn}} {'class':<{wk}} {'size':>10}  {label:<12}"]
+    lines[0] += "".join(f"  {k:<12}" for k in others)
     for name, device in plan.device_map.items():
-        kind = type(modules[name]).__name__ if name in modules else "tensor"
-        row = f"{name:<12} {kind:<10} {format_bytes(plan.sizes[name]):>10}  {device_label(device):<12}"
+        row = f"{name:<{wn}} {kinds[name]:<{wk}} {format_bytes(plan.sizes[name]):>10}  "
+        row += f"{device_label(device):<12}"
         lines.append(
             row + "".join(f"  {entry_device(model, name, m):<12}" for m in others.values())
         )
-    return "\n".join(lines)
+    return "\n".join(line.rstrip() for line in lines)
 
 
 def balanced(plan: Plan) -> bool:
