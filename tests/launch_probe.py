@@ -1,6 +1,6 @@
 """A tiny torchrun worker for the launcher tests.
 
-Modes: ok, crash (rank 1), crash_both (rank 1 first, then rank 0), hang (rank 1), and
+Modes: ok, crash (rank 1), hang (rank 1), and
 disagree (each rank reports its own value; the cross-rank maximum must win).
 Each rank writes its pid into $PROBE_PID_DIR so tests check exactly their processes.
 """
@@ -19,11 +19,8 @@ rank = init_rank("launch_probe")
 if os.environ.get("PROBE_PID_DIR"):
     (Path(os.environ["PROBE_PID_DIR"]) / f"{rank.rank}.pid").write_text(str(os.getpid()))
 mode = sys.argv[1]
-if mode in ("crash", "crash_both") and rank.rank == 1:
+if mode == "crash" and rank.rank == 1:
     raise RuntimeError("rank 1 exploded on purpose")
-if mode == "crash_both" and rank.rank == 0:
-    time.sleep(3)  # fails later: rank 1 is the root cause
-    raise RuntimeError("rank 0 failed after rank 1")
 if mode == "hang" and rank.rank == 1:
     time.sleep(600)
 total = torch.tensor([rank.rank + 1.0])
