@@ -32,7 +32,7 @@ from helpers.core.checks import (
     snapshot,
     training_step,
 )
-from helpers.core.errors import FolderError, LaunchError, ShardError
+from helpers.core.errors import DoesNotFitError, FolderError, LaunchError, ShardError
 from helpers.distributed import launcher
 from helpers.distributed.ranks import RESULT_ENV
 from helpers.model_parallel.stages import (
@@ -516,6 +516,32 @@ def test_planner_on_a_model_without_no_split_modules_and_on_cpu_or_disk_alone():
     on_disk = plan_device_map(model, {"disk": 576}, reserve_largest_layer=True)
     assert on_disk.device_map == {"0": "disk", "1": "disk"}
     assert on_disk.reserved == {}  # disk is never a main device
+
+
+def test_balanced_budgets_follow_accelerate_with_the_given_no_split_and_dtype():
+    from accelerate.utils import get_balanced_memory
+
+    from helpers.placement.tiny_lm import LMConfig, build_lm
+
+    lm = build_lm(LMConfig(vocab=512, hidden=64, blocks=4, ffn=256, heads=2), seed=0)
+    total = module_sizes(lm)[""]
+    asked = {0: total, 1: total, "cpu": total}
+    for no_split, dtype in ((["Block"], None), ([], None), (["Block"], torch.float16)):
+        plan = plan_device_map(lm, asked, strategy="balanced", no_split=no_split, dtype=dtype)
+        reference = get_balanced_memory(
+            lm, max_memory=dict(asked), no_split_module_classes=no_split, dtype=dtype
+        )
+        assert plan.budgets == reference and plan.strategy == "balanced"
+        assert plan.max_memory == asked
+    tight = {0: total, 1: total // 5}
+    assert set(plan_device_map(lm, tight, strategy="sequential").device_map.values()) == {0}
+    balanced = get_balanced_memory(lm, max_memory=dict(tight), no_split_module_classes=["Block"])
+    with pytest.raises(DoesNotFitError) as error:
+        plan_device_map(lm, tight)  # "auto" balances GPU 0 down first: the model no longer fits
+    assert f"max_memory = {tight!r} (balanced by 'auto': {balanced!r}); valid:" in str(error.value)
+    with pytest.raises(DoesNotFitError) as error:
+        plan_device_map(lm, {0: total // 3, 1: total // 3})  # balancing changes nothing here
+    assert f"max_memory = {dict.fromkeys((0, 1), total // 3)!r}; valid:" in str(error.value)
 
 
 def test_device_of_an_unmapped_tensor_names_it_and_the_keys():

@@ -88,3 +88,14 @@ def test_a_training_step_runs_in_training_mode():
     before = model[1].running_mean.clone()
     training_step(model, torch.randn(8, 4), torch.randn(8, 4))
     assert model.training and not torch.equal(model[1].running_mean, before)
+
+
+def test_allreduce_time_adds_a_fixed_cost_per_ring_step_to_the_bytes():
+    from helpers.tensor_parallel.comm import allreduce_seconds, forward_seconds, tp_cost
+
+    # p = 4: 2(p-1) = 6 steps of 0.5 s, plus 2(p-1)/p = 1.5 x 1000 bytes at 100 bytes/s
+    assert allreduce_seconds(1000.0, 4, bandwidth=100.0, latency=0.5) == 6 * 0.5 + 15.0
+    assert allreduce_seconds(1000.0, 1, bandwidth=100.0, latency=0.5) == 0.0
+    cost = tp_cost(1, 2, 4, 8, 2, 2)
+    compute, comm = forward_seconds(cost, 16.0, flop_rate=64.0, bandwidth=8.0, latency=1.0)
+    assert compute == cost.flops / 64.0 and comm == 2 * 1.0 + 16.0 / 8.0
