@@ -202,25 +202,22 @@ def test_compare_steps_refuses_models_that_do_not_match():
 
 def test_report_marks_each_difference_against_the_tolerance():
     c = StepComparison(0.0, 2e-6, 5e-7, 0.0, "fc.weight", "fc.bias")
-    assert c.rows()[2:] == [("gradients (worst: fc.weight)", 5e-7), ("updated weights (all)", 0.0)]
-    lines = c.report(1e-6).splitlines()
-    assert lines == [
-        f"{'outputs':<48} max |diff| {'= 0 (bitwise identical)':<24} OK (tolerance 1e-06)",
-        f"{'loss':<48} max |diff| {'≈ 2.0e-06':<24} FAILED (tolerance 1e-06)",
-        f"{'gradients (worst: fc.weight)':<48} max |diff| {'≈ 5.0e-07':<24} OK (tolerance 1e-06)",
-        f"{'updated weights (all)':<48} max |diff| {'= 0 (bitwise identical)':<24} OK (tolerance 1e-06)",
+    assert c.rows() == [
+        ("outputs", 0.0),
+        ("loss", 2e-6),
+        ("gradients", 5e-7),
+        ("updated weights", 0.0),
+    ]
+    assert c.report(1e-6).splitlines() == [
+        "outputs          max |diff| ≈ 0.0e+00  OK (tolerance 1e-06)",
+        "loss             max |diff| ≈ 2.0e-06  FAILED (tolerance 1e-06)",
+        "gradients        max |diff| ≈ 5.0e-07  OK (tolerance 1e-06)",
+        "updated weights  max |diff| ≈ 0.0e+00  OK (tolerance 1e-06)",
     ]
     with pytest.raises(AssertionError, match=r"^differs beyond tolerance 1e-06: loss\noutputs "):
         c.check(1e-6)
     assert c.check(2e-6) == c.report(2e-6)  # exactly at the tolerance passes
     assert c.report(2e-6).splitlines()[1].endswith(" OK (tolerance 2e-06)")
-    other = StepComparison(0.0, 0.0, 0.0, 3e-7, "fc.weight", "fc.bias")
-    assert [what for what, _ in other.rows()][2:] == [
-        "gradients (all)",
-        "updated weights (worst: fc.bias)",
-    ]
-    long = StepComparison(0.0, 0.0, 1.0, 1.0, "x" * 60, "w")
-    assert all(line.index("max |diff|") == 80 for line in long.report(2.0).splitlines())
     both = StepComparison(1.0, 0.0, 1.0, 0.0, "g", "w")
     with pytest.raises(AssertionError, match=r"tolerance 0\.5: outputs, gradients \(worst: g\)\n"):
         both.check(0.5)

@@ -37,7 +37,7 @@ def test_tampered_output_fails(tmp_path):
     nb = json.loads(LESSON.read_text())
     for cell in nb["cells"]:
         for out in cell.get("outputs", []):
-            if "bitwise identical" in "".join(out.get("text", [])):
+            if "max |diff|" in "".join(out.get("text", [])):
                 out["text"] = ["".join(out["text"]).replace("OK", "FAILED", 1)]
                 break
         else:
