@@ -113,23 +113,29 @@ def test_balanced_resnet_cut_is_the_best_block_boundary():
 
 
 def test_two_process_pipeline_equals_one_process():
-    """torch.distributed.pipelining with gloo: same loss, gradients and weights."""
+    """torch.distributed.pipelining with gloo: same loss, gradients and weights; 1F1B keeps
+    at most K micro-batches' activations on the first stage, GPipe all M."""
     piped = pipelined_runs(
-        4,
+        8,
         32,
         2,
-        [("gpipe", 2), ("1f1b", 2)],
+        [("gpipe", 4), ("1f1b", 4)],
         ["layer3_1"],
         steps=1,
         warmup=0,
         num_classes=10,
         timeout=300,
     )
-    assert [(c["schedule"], c["microbatches"]) for c in piped["checks"]] == [("gpipe", 2), ("1f1b", 2)]
+    assert [(c["schedule"], c["microbatches"]) for c in piped["checks"]] == [("gpipe", 4), ("1f1b", 4)]
     for check in piped["checks"]:  # every timed schedule is proven first
         for key in ("output_diff", "loss_diff", "grad_diff", "weight_diff"):
             assert check[key] <= 1e-5, (key, check)
-    assert set(timings_by_run(piped)) == {("gpipe", 2), ("1f1b", 2)}
+    gpipe, one_f = (c["peak_activation_bytes"] for c in piped["checks"])
+    # the first stage also keeps the whole input batch (the micro-batches are views of it)
+    batch_bytes = 8 * 3 * 32 * 32 * 4
+    assert (one_f[0] - batch_bytes) / (gpipe[0] - batch_bytes) == pytest.approx(2 / 4, rel=0.01)
+    assert one_f[1] / gpipe[1] == pytest.approx(1 / 4, rel=0.05)  # the last stage: 1 of M
+    assert set(timings_by_run(piped)) == {("gpipe", 4), ("1f1b", 4)}
     assert piped["backend"] == "gloo"
 
 

@@ -33,7 +33,7 @@ STEPS = (
         60,
         40,
     ),
-    Step("memory", "helpers.memory's ledger vs torch.cuda.max_memory_allocated, if present", 10, 1),
+    Step("memory", "the memory ledger: measured vs estimated vs the CUDA allocator's peak", 15, 3),
     Step(
         "device_map",
         "tiny_lm (full profile) on GPU 0 + CPU + disk with accelerate; output proven equal to "

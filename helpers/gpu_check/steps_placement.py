@@ -1,18 +1,15 @@
-"""Steps 5-6 of ``make gpu-check``: memory (if ``helpers.memory`` exists) and lesson 04's
+"""Steps 5-6 of ``make gpu-check``: the memory ledger and lesson 04's
 ``device_map``: tiny_lm on GPU 0 + CPU + disk with accelerate, proven and timed.
 """
 
 from __future__ import annotations
 
 import copy
-import importlib
-import importlib.util
-import inspect
 
 import torch
 
 from helpers.core.timing import measure
-from helpers.gpu_check.context import Context, StepSkipped
+from helpers.gpu_check.context import Context, release
 
 # --- 5. memory --------------------------------------------------------------------------
 
@@ -25,37 +22,58 @@ def _jsonable(value: object) -> object:
     return value if isinstance(value, int | float | str | bool | None) else str(value)
 
 
-def step_memory(ctx: Context, fig: dict) -> None:
-    """helpers.memory's ledger vs torch.cuda.max_memory_allocated (skipped when absent).
+def _memory_cases(smoke: bool) -> dict:
+    """(model, inputs, labels, estimate options) for each course model the ledger knows."""
+    from helpers.model_parallel.resnet import one_hot_labels, resnet50
+    from helpers.placement.tiny_lm import LMConfig, build_lm
 
-    Written before that module existed: it calls ``measure_training_memory(model, inputs,
-    targets)`` on a small MLP and records what comes back beside the CUDA peak.
+    batch, size, seq = (4, 32, 16) if smoke else (32, 128, 1024)
+    g = torch.Generator().manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(),
+                              torch.nn.Linear(4096, 1024))
+    lm = LMConfig(vocab=512 if smoke else 32000, hidden=64 if smoke else 1024,
+                  blocks=2 if smoke else 8, ffn=256 if smoke else 4096, heads=2 if smoke else 16)
+    ids = torch.randint(0, lm.vocab, (batch, seq), generator=g)
+    return {
+        "mlp": (mlp, torch.randn(batch, 1024, generator=g), torch.randn(batch, 1024, generator=g),
+                {"sample_shape": (1024,)}),
+        "resnet50": (resnet50(1000), torch.randn(batch, 3, size, size, generator=g),
+                     one_hot_labels(torch.arange(batch) % 1000, 1000),
+                     {"sample_shape": (3, size, size)}),
+        "small_llama": (build_lm(lm), ids, ids.roll(-1, dims=1), {"seq": seq}),
+    }
+
+
+def step_memory(ctx: Context, fig: dict) -> None:
+    """helpers.memory's measured ledger vs its estimate and vs the CUDA allocator's peak.
+
+    One Adam step of each course model on one device: weights, grads and optimizer state
+    must agree exactly; activations are reported as estimate / measured; the allocator's
+    peak over the step is set beside the ledger's total (it also holds temporaries).
     """
-    names = [n for n in ("helpers.memory", "helpers.core.memory") if importlib.util.find_spec(n)]
-    if not names:
-        raise StepSkipped("helpers.memory not present")
-    module = importlib.import_module(names[0])
-    fn = getattr(module, "measure_training_memory", None)
-    if fn is None:
-        raise StepSkipped(f"{names[0]} has no measure_training_memory")
-    try:
-        inspect.signature(fn).bind(None, None, None)
-    except TypeError:
-        raise StepSkipped(
-            f"measure_training_memory{inspect.signature(fn)} does not take (model, inputs, "
-            "targets), the call this check was written for"
-        ) from None
+    from helpers.memory import compare_ledgers, estimate_training_memory, measure_training_memory
+
     device = ctx.plan(1).devices[0]
-    model = torch.nn.Sequential(
-        torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1024)
-    ).to(device)
-    x, y = torch.randn(64, 1024, device=device), torch.randn(64, 1024, device=device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    fig["ledger"] = _jsonable(fn(model, x, y))
-    fig["max_memory_allocated"] = (
-        torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    )
+    for name, (model, x, y, options) in _memory_cases(ctx.smoke).items():
+        model = model.to(device)
+        measured = measure_training_memory(model, x.to(device), y.to(device), optimizer="adam")
+        row = str(device)
+        estimated = estimate_training_memory(model, batch=x.shape[0], optimizer="adam",
+                                             names=[row], **options)
+        ratios = {c["kind"]: c["ratio"] for c in compare_ledgers(measured, estimated)}
+        exact = all(ratios[k] == 1.0 for k in ("weights", "grads", "optimizer_state"))
+        total, peak = measured[row].total, measured[row].peak_allocated
+        fig[name] = {
+            "measured": measured.as_dict()[row],
+            "estimated": estimated.as_dict()[row],
+            "estimate_over_measured": ratios,
+            "parameter_state_exact": exact,
+            "peak_allocated_over_ledger_total": peak / total if peak else None,
+        }
+        del model
+        release()
+        if not exact:
+            raise AssertionError(f"{name}: weights, grads or optimizer state differ: {ratios}")
 
 
 # --- 6. device_map ----------------------------------------------------------------------

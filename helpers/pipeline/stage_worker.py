@@ -22,6 +22,7 @@ from helpers.core.checks import StepResult, compare_steps, snapshot
 from helpers.core.errors import NotUnderTorchrunError
 from helpers.core.timing import synchronized_clock
 from helpers.distributed.ranks import Rank, process_group, write_result
+from helpers.memory.saved import SavedTensorMeter
 from helpers.model_parallel.resnet import one_hot_labels, resnet50, resnet_layers, split_points_at
 from helpers.model_parallel.stages import split_layers
 from helpers.pipeline.schedule import accumulated_step, check_microbatches
@@ -116,13 +117,16 @@ def check_step(
     """One pipelined step vs the one-process step accumulated over the same micro-batches.
 
     ``reference`` (rank 0 only) is the whole model with the stages' current weights; the
-    comparison comes back on rank 0.
+    comparison comes back on rank 0, with each rank's peak of activation bytes kept for
+    backward during a second step (``helpers.memory.SavedTensorMeter``): a new
+    ``PipelineStage``'s first step also runs one micro-batch to infer shapes.
     """
-    loss, output = trainer.step_fn(schedule, m)()
-    mine = (
-        *snapshot(trainer.module),
-        None if output is None else output.detach().cpu(),
-    )
+    step = trainer.step_fn(schedule, m)
+    loss, output = step()
+    mine = (*snapshot(trainer.module), None if output is None else output.detach().cpu())
+    with SavedTensorMeter(trainer.module) as meter:
+        step()
+    mine = (*mine, meter.peak.get(str(trainer.rank.device), 0))
     gathered: list | None = [None] * trainer.rank.world_size if trainer.rank.rank == 0 else None
     dist.gather_object(mine, gathered, dst=0)
     if gathered is None or reference is None:
@@ -146,6 +150,7 @@ def check_step(
         "weight_diff": c.weights,
         "worst_grad": c.worst_grad,
         "worst_weight": c.worst_weight,
+        "peak_activation_bytes": [part[3] for part in gathered],
     }
 
 

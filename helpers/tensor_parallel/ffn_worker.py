@@ -12,6 +12,7 @@ to the matching slice of the one-process model after the same step.
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 from dataclasses import asdict
 
@@ -22,6 +23,7 @@ from torch import nn
 from helpers.core.devices import dtype_name, resolve_dtype
 from helpers.core.timing import Timing, synchronized_clock
 from helpers.distributed.ranks import Rank, max_over_ranks, process_group, worker_main, write_result
+from helpers.memory.measure import measure_training_memory
 from helpers.tensor_parallel.comm import f, g, ring_allreduce_bytes, tp_forward
 from helpers.tensor_parallel.config import DemoConfig, build_model, parser
 from helpers.tensor_parallel.ffn import shard_vs_full
@@ -117,6 +119,29 @@ def train_step_check(config: DemoConfig, rank: Rank, activation: str, lr: float)
     }
 
 
+class TensorParallelFFN(nn.Module):
+    """A rank's whole forward, ``g(shard(f(x)))``, as one module (to measure its memory)."""
+
+    def __init__(self, shard: nn.Module) -> None:
+        super().__init__()
+        self.shard = shard
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return tp_forward(self.shard, x)
+
+
+def rank_memory(config: DemoConfig, rank: Rank, shard: nn.Module) -> dict:
+    """This rank's ledger for one float32 SGD step of ``g(shard(f(x)))`` with an MSE loss.
+
+    ``helpers.memory.measure_training_memory`` on the rank's own process: what this rank
+    holds, measured where it is held (weights and grads of its shard; activations it keeps).
+    """
+    model = TensorParallelFFN(copy.deepcopy(shard).float())
+    x = config.input_batch(torch.float32, rank.device)
+    target = torch.zeros_like(x)  # the values do not change the bytes
+    return measure_training_memory(model, x, target).as_dict()
+
+
 def run_tp_mode(
     config: DemoConfig, *, train_step: bool = False, activation: str = "none", lr: float = 0.1,
     verbose: bool = True,
@@ -170,6 +195,7 @@ def run_tp_mode(
             ),
             **total.as_dict(),
         }
+        result["memory"] = rank_memory(config, rank, shard)
         if train_step:
             result["train_step"] = train_step_check(config, rank, activation, lr)
         write_result(rank, result)

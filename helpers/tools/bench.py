@@ -30,7 +30,13 @@ def _tp() -> dict:
     return tp_section()
 
 
-SECTIONS: dict[str, Callable[[], dict]] = {"pipeline": _pipeline, "tp": _tp}
+def _memory() -> dict:
+    from helpers.memory.bench import memory_section  # lessons 01-06's ledgers
+
+    return memory_section()
+
+
+SECTIONS: dict[str, Callable[[], dict]] = {"pipeline": _pipeline, "tp": _tp, "memory": _memory}
 
 
 def load_existing(path) -> dict:

@@ -1,0 +1,197 @@
+"""Predict a training step's memory ledger from shapes alone, for the course's models.
+
+Weights, grads and optimizer state follow from parameter counts and dtypes; the
+activations from the rules in :mod:`layer_rules` (layer lists: the toy model, ResNet50,
+the FFN) or the formula in :mod:`transformer` (Llama shapes of any size).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torch import nn
+
+from helpers.memory.layer_rules import activation_bytes
+from helpers.memory.ledger import DeviceMemory, Ledger
+from helpers.memory.optimizers import STATE_COPIES, STEP_BYTES, check_optimizer
+from helpers.memory.transformer import TransformerShape
+
+PRECISIONS = ("fp32", "mixed")
+
+
+def check_precision(name: str) -> str:
+    """``name`` if known, else a ValueError naming the choices."""
+    if name not in PRECISIONS:
+        raise ValueError(f"unknown precision {name!r}; valid choices: {', '.join(PRECISIONS)}")
+    return name
+
+
+def parameter_memory(numel: int, tensors: int, *, optimizer: str, precision: str = "fp32",
+                     buffers: int = 0) -> DeviceMemory:
+    """Weights, grads and optimizer state for ``numel`` parameters in ``tensors`` tensors.
+
+    ``fp32``: 4 bytes each for weights and grads, plus the optimizer's copies.
+    ``mixed``: 16-bit weights and grads (2 + 2 bytes) and a float32 master copy (4) that
+    the optimizer updates, plus its float32 copies: 16 bytes per parameter with Adam.
+    """
+    check_optimizer(optimizer)
+    if check_precision(precision) == "fp32":
+        state = STATE_COPIES[optimizer] * 4 * numel
+        return DeviceMemory(4 * numel + buffers, 4 * numel, state + STEP_BYTES[optimizer] * tensors)
+    state = (1 + STATE_COPIES[optimizer]) * 4 * numel + STEP_BYTES[optimizer] * tensors
+    return DeviceMemory(2 * numel + buffers, 2 * numel, state)
+
+
+def _unique(modules: Sequence[nn.Module]) -> tuple[list, list]:
+    params = {id(p): p for m in modules for p in m.parameters()}
+    buffers = {id(b): b for m in modules for b in m.buffers()}
+    return list(params.values()), list(buffers.values())
+
+
+def estimate_layers(
+    layers: Sequence[nn.Module],
+    sample_shape: Sequence[int],
+    *,
+    batch: int,
+    split_points: Sequence[int] = (),
+    names: Sequence[str] | None = None,
+    optimizer: str = "sgd",
+    loss: str = "mse",
+) -> Ledger:
+    """The ledger of a layer list cut before ``split_points`` (float32), one row per part.
+
+    ``layers`` are modules (their parameters are only counted: the meta device will do);
+    ``sample_shape`` is one input's shape without the batch; ``loss`` is ``"mse"`` or
+    ``"cross_entropy"``.
+    """
+    check_optimizer(optimizer)
+    if not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch={batch!r}; valid: an integer >= 1")
+    bounds = [0, *split_points, len(layers)]
+    names = list(names) if names else [f"part {k}" for k in range(len(bounds) - 1)]
+    if len(names) != len(bounds) - 1:
+        raise ValueError(f"{len(names)} names for {len(bounds) - 1} parts; valid: one per part")
+    acts = activation_bytes(layers, (batch, *sample_shape), split_points, loss=loss)
+    rows = {}
+    for name, (a, b), act in zip(names, zip(bounds, bounds[1:], strict=False), acts, strict=True):
+        params, buffers = _unique(layers[a:b])
+        row = parameter_memory(sum(p.numel() for p in params), len(params), optimizer=optimizer,
+                               buffers=sum(t.numel() * t.element_size() for t in buffers))
+        row.activations = act
+        rows[name] = row
+    return Ledger(rows, note=f"estimated from shapes, optimizer {optimizer}")
+
+
+def estimate_transformer(
+    shape: TransformerShape,
+    *,
+    batch: int,
+    seq: int,
+    optimizer: str = "adam",
+    precision: str = "fp32",
+    stages: Sequence[int] | None = None,
+    names: Sequence[str] | None = None,
+    tp: int = 1,
+    in_flight: Sequence[int] | None = None,
+) -> Ledger:
+    """A Llama-shaped model's ledger per device.
+
+    ``stages`` gives the number of blocks on each pipeline stage (default: all on one;
+    the first stage also holds the embedding, the last the final norm and head);
+    ``tp`` splits every stage over that many tensor-parallel ranks (the embedding and
+    head too, by vocabulary); ``in_flight`` is how many micro-batches of ``batch``
+    sequences each stage keeps activations for at its peak (default 1 each).
+    """
+    check_precision(precision)
+    stages = list(stages or [shape.blocks])
+    if sum(stages) != shape.blocks or min(stages) < 1:
+        raise ValueError(f"stages {stages} must be >= 1 each and add up to {shape.blocks} blocks")
+    in_flight = list(in_flight or [1] * len(stages))
+    if len(in_flight) != len(stages):
+        raise ValueError(f"in_flight {in_flight}: valid: one count per stage ({len(stages)})")
+    e = 4 if precision == "fp32" else 2
+    tokens = batch * seq
+    rows = {}
+    names = list(names or [f"stage {k}" for k in range(len(stages))])
+    for k, blocks in enumerate(stages):
+        numel, tensors = (n * blocks for n in shape.block_parameters())
+        acts = blocks * shape.block_activation_bytes(tokens, e, tp)
+        if k == 0:
+            numel, tensors = numel + shape.embed_parameters()[0], tensors + 1
+            acts += shape.embed_activation_bytes(tokens)
+        if k == len(stages) - 1:
+            numel, tensors = numel + shape.head_parameters()[0], tensors + 2
+            acts += shape.head_activation_bytes(tokens, e) // tp
+        row = parameter_memory(numel // tp, tensors, optimizer=optimizer, precision=precision)
+        row.activations = acts * in_flight[k]
+        rows[names[k]] = row
+    return Ledger(rows, note=f"estimated, {precision} {optimizer}, tp={tp}, batch {batch}x{seq}")
+
+
+def layers_of(model: object) -> tuple[list[nn.Module], list[int]]:
+    """(layers in forward order, split points) of a course model that is a chain of layers.
+
+    A torchvision ResNet, the toy model (two parts: net1 and the ReLU, then net2), a
+    ``StagedModel`` (its
+    stages give the split points), the FFN or a
+    rank's FFN shard, an ``nn.Sequential``, or a list of modules or (name, module) pairs.
+    """
+    from torchvision.models.resnet import ResNet
+
+    from helpers.model_parallel.resnet import resnet_layers
+    from helpers.model_parallel.stages import StagedModel
+
+    if isinstance(model, ResNet):
+        return [m for _, m in resnet_layers(model)], []
+    if isinstance(model, StagedModel):
+        layers = [m for stage in model.stages for m in stage]
+        sizes = [len(stage) for stage in model.stages]
+        return layers, [sum(sizes[:k]) for k in range(1, len(sizes))]
+    if all(hasattr(model, n) for n in ("net1", "relu", "net2")):
+        return [model.net1, model.relu, model.net2], [2]  # net1 and ReLU | net2
+    if all(hasattr(model, n) for n in ("fc1", "act", "fc2")):
+        return [model.fc1, model.act, model.fc2], []
+    if isinstance(model, nn.Sequential):
+        return list(model), []
+    if isinstance(model, (list, tuple)) and model:
+        return [m[1] if isinstance(m, tuple) else m for m in model], []
+    raise ValueError(
+        f"cannot estimate a {type(model).__name__}; valid: TransformerShape, TinyLM, ResNet, ToyModel, "
+        "StagedModel, FeedForward(Shard), nn.Sequential, or a list of layers"
+    )
+
+
+def estimate_training_memory(
+    model: object,
+    *,
+    batch: int,
+    sample_shape: Sequence[int] | None = None,
+    seq: int | None = None,
+    optimizer: str = "sgd",
+    precision: str = "fp32",
+    loss: str = "mse",
+    names: Sequence[str] | None = None,
+    **transformer: object,
+) -> Ledger:
+    """The ledger :func:`measure_training_memory` would measure, predicted from shapes.
+
+    Llama shapes (a ``TransformerShape``, or a ``TinyLM`` whose config is read) need
+    ``seq`` and take :func:`estimate_transformer`'s options (``stages``, ``tp``,
+    ``in_flight``); chains of layers (see :func:`layers_of`) need ``sample_shape`` (one
+    input without the batch) and ``loss`` (``"mse"`` or ``"cross_entropy"``).
+    """
+    config = getattr(model, "config", None)
+    if isinstance(model, TransformerShape) or config is not None:
+        if seq is None:
+            raise ValueError("a transformer estimate needs seq= (tokens per sequence)")
+        shape = model if isinstance(model, TransformerShape) else TransformerShape.of(config)
+        return estimate_transformer(shape, batch=batch, seq=seq, optimizer=optimizer,
+                                    precision=precision, names=names, **transformer)
+    if check_precision(precision) != "fp32" or transformer:
+        raise ValueError(f"precision={precision!r} and {sorted(transformer)} apply to "
+                         "transformer shapes only; valid for a chain of layers: fp32, no options")
+    if sample_shape is None:
+        raise ValueError("a chain of layers needs sample_shape= (one input, without the batch)")
+    layers, points = layers_of(model)
+    return estimate_layers(layers, sample_shape, batch=batch, split_points=points, names=names,
+                           optimizer=optimizer, loss=loss)

@@ -1,0 +1,106 @@
+"""Predict a Llama-shaped transformer's training memory from its sizes.
+
+The activation count follows Korthikanti et al. 2022 ("Reducing Activation
+Recomputation in Large Transformer Models", arXiv:2205.05198), redone for the model the
+course builds (``helpers.placement.tiny_lm``): pre-norm RMSNorm instead of LayerNorm,
+a gated SiLU MLP (three matrices) instead of a GeLU MLP (two), fused attention that
+keeps the log-sum-exp of each query row (4 bytes) instead of the full attention matrix,
+no dropout and no biases. Per block and per token it keeps, in activation elements:
+8 tensors of width h (the block input, the first norm's normalised value and output,
+q, the attention output, the residual sum, the second norm's normalised value and
+output), k and v (width kv_heads*head_dim each) and 4 tensors of the MLP's width f
+(gate, silu(gate), up, their product); plus 4 bytes per norm row and per head for the
+statistics. (The fused attention returns its output laid out so that merging the heads
+back is a view, not a copy.) Korthikanti's GPT block keeps 34 bytes per token per unit of
+h plus 5*a*s/h for the attention matrix (16-bit, with dropout masks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TransformerShape:
+    """Sizes of a Llama-shaped decoder (``kv_heads`` < ``heads`` is grouped-query attention)."""
+
+    hidden: int
+    blocks: int
+    heads: int
+    ffn: int
+    vocab: int
+    kv_heads: int | None = None
+
+    def __post_init__(self) -> None:
+        sizes = (self.hidden, self.blocks, self.heads, self.ffn, self.vocab, self.kv)
+        if min(sizes) < 1 or self.hidden % self.heads or self.heads % self.kv:
+            raise ValueError(
+                f"cannot estimate {self}; valid: positive sizes, hidden a multiple of heads, "
+                "heads a multiple of kv_heads"
+            )
+
+    @property
+    def kv(self) -> int:
+        """Key/value heads (equal to ``heads`` without grouped-query attention)."""
+        return self.kv_heads or self.heads
+
+    @property
+    def kv_width(self) -> int:
+        """Width of k (and of v): kv heads times the head dimension."""
+        return self.kv * self.hidden // self.heads
+
+    @classmethod
+    def of(cls, config: object) -> TransformerShape:
+        """From a ``tiny_lm.LMConfig`` (or anything with its field names)."""
+        return cls(config.hidden, config.blocks, config.heads, config.ffn, config.vocab,
+                   getattr(config, "kv_heads", None))
+
+    def block_parameters(self) -> tuple[int, int]:
+        """(elements, tensors) of one block: q, k, v, o, gate, up, down, two norms."""
+        h = self.hidden
+        attn = 2 * h * h + 2 * h * self.kv_width
+        return attn + 3 * h * self.ffn + 2 * h, 9
+
+    def embed_parameters(self) -> tuple[int, int]:
+        """(elements, tensors) of the token embedding."""
+        return self.vocab * self.hidden, 1
+
+    def head_parameters(self) -> tuple[int, int]:
+        """(elements, tensors) of the final norm and the output head (not tied)."""
+        return self.hidden + self.vocab * self.hidden, 2
+
+    def parameters(self) -> int:
+        """All weights."""
+        parts = (self.block_parameters()[0] * self.blocks, self.embed_parameters()[0],
+                 self.head_parameters()[0])
+        return sum(parts)
+
+    def block_activation_bytes(self, tokens: int, element_size: int, tp: int = 1,
+                               seq_parallel: bool = False) -> int:
+        """Bytes one block keeps for backward for ``tokens`` = batch x sequence tokens.
+
+        With tensor parallelism over ``tp`` ranks, q, k, v, the attention output and the
+        MLP's four tensors are split; the six width-h tensors around the norms are
+        replicated, unless ``seq_parallel`` splits them along the sequence too.
+        """
+        h, f = self.hidden, self.ffn
+        split = 2 * h + 2 * self.kv_width + 4 * f  # q, attention output, k, v, the MLP's 4
+        replicated = 6 * h  # block input, norm1 x-hat and output, residual sum, norm2 x2
+        stats = 2 * 4 + self.heads * 4 // tp  # two rstd rows, one lse per head (float32)
+        rep = replicated // tp if seq_parallel else replicated
+        return tokens * ((split // tp + rep) * element_size + stats)
+
+    def embed_activation_bytes(self, tokens: int) -> int:
+        """The embedding keeps its int64 token ids."""
+        return 8 * tokens
+
+    def head_activation_bytes(self, tokens: int, element_size: int) -> int:
+        """Final norm (input, x-hat, output, rstd) and cross-entropy (log-probs, labels)."""
+        return tokens * (3 * self.hidden * element_size + 4 + self.vocab * element_size + 8) + 4
+
+
+# Published shapes (the papers' tables): Llama 1 7B and Llama 2 70B.
+LLAMA_7B_SHAPE = TransformerShape(hidden=4096, blocks=32, heads=32, ffn=11008, vocab=32000)
+LLAMA_70B_SHAPE = TransformerShape(
+    hidden=8192, blocks=80, heads=64, ffn=28672, vocab=32000, kv_heads=8
+)
