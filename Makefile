@@ -3,8 +3,9 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+SITE_STAMP := $(VENV)/.site-installed
 
-.PHONY: run test lab refresh bench lint clean gpu-check mutants
+.PHONY: run test lab refresh bench lint clean gpu-check mutants site site-check
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -12,6 +13,14 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps -e .
 	@touch $(STAMP)
+
+# The website's tools (requirements-site.txt) join the same .venv on first use of `make site`;
+# `-c requirements.txt` keeps the course's pins; `make test` never installs them.
+$(SITE_STAMP): requirements-site.txt requirements.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements-site.txt -c requirements.txt
+	@touch $(SITE_STAMP)
 
 ## run: execute every lesson headless; executed notebooks and figures go to results/
 run: $(STAMP)
@@ -46,6 +55,18 @@ mutants: $(STAMP)
 	rm -rf mutants
 	OMP_NUM_THREADS=1 TUTORIAL_PROFILE=small CUDA_VISIBLE_DEVICES= $(VENV)/bin/mutmut run --max-children 1
 	$(PY) -m helpers.tools.mutation_report
+
+## site: the course as a static website in results/site/ (open results/site/index.html), built
+## from the stored, executed notebooks in seconds (nothing re-runs); refuses a lesson stored
+## unexecuted or with an error output
+site: $(SITE_STAMP)
+	$(PY) -m helpers.tools.website.build
+
+## site-check: the built site in headless Chromium (Debian's chromium, or CHROMIUM=path): per
+## page no console error, no failed or outside request, images decoded, math typeset, links
+## resolved; screenshots in results/site/screens/; first proves on a broken site it can fail
+site-check: site
+	$(PY) -m helpers.tools.website.check --self-test
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check helpers tests notebooks

@@ -8,7 +8,8 @@ The infrastructure
 - ``distributed``: ``launcher`` (torchrun from a notebook, safely), ``multinode`` (several
   nodes' torchrun agents on one machine) and ``ranks`` (the rank's side).
 - ``tools``: ``run_notebooks`` (``make run``/``make refresh``), ``bench`` (``make bench``),
-  ``gpu_check`` (``make gpu-check``, whose steps live in the ``gpu_check`` package).
+  ``gpu_check`` (``make gpu-check``, whose steps live in the ``gpu_check`` package),
+  ``website`` (``make site``/``make site-check``: the course as a checked static website).
 
 The lessons
 - 01 ``model_parallel.toy``, ``model_parallel.transfer``: a toy model on two devices; moving
@@ -17,14 +18,19 @@ The lessons
   ResNet50 and its training loop.
 - 03 ``pipeline.schedule``, ``pipeline.balance``, ``pipeline.stage_worker``,
   ``pipeline.measure``, ``pipeline.plots``: micro-batches, balanced cuts, one process per stage.
-- 04 ``placement.sizing``, ``placement.balance``, ``placement.planner``, ``placement.report``,
+- 04 ``pipeline.mlp_stack``, ``pipeline.events``, ``pipeline.schedules_worker``,
+  ``pipeline.timeline``, ``pipeline.schedules_run``: four schedules, timed action by action.
+- 05 ``placement.sizing``, ``placement.balance``, ``placement.planner``, ``placement.report``,
   ``placement.offload``, ``placement.tiny_lm``: ``device_map`` strategies by hand and with
   accelerate.
-- 05 ``tensor_parallel.ffn``, ``tensor_parallel.comm`` (f and g), ``tensor_parallel.proofs``,
+- 06 ``tensor_parallel.ffn``, ``tensor_parallel.comm`` (f and g), ``tensor_parallel.proofs``,
   ``tensor_parallel.shards``, ``tensor_parallel.config``, ``tensor_parallel.native``: the
   Megatron split of an FFN and its shard files.
-- 06 ``tensor_parallel.ffn_worker``, ``tensor_parallel.dtensor_worker``,
+- 07 ``tensor_parallel.ffn_worker``, ``tensor_parallel.dtensor_worker``,
   ``tensor_parallel.mesh_worker`` (torchrun entry points, named ``*_worker``) and
   ``tensor_parallel.runs`` (their launches, on one node or several).
+- every lesson ``memory``: ``ledger``, ``measure`` and ``saved`` (one step, counted),
+  ``estimate``, ``layer_rules`` and ``transformer`` (predicted from shapes), ``cuts``,
+  ``fits`` (what fits where), ``plots``, ``bench``.
 - ``tp_demo``: the source script's command line, a thin layer over ``tensor_parallel``.
 """

@@ -38,7 +38,12 @@ class Profile:
     pipe_batch: int
     pipe_image_size: int
     pipe_microbatches: int
-    # lessons 05 and 06: tensor-parallel FFN (the source's flags)
+    # lesson 04: pipeline schedules on a stack of equal MLP blocks
+    sched_width: int
+    sched_blocks: int
+    sched_batch: int
+    sched_microbatches: int
+    # lessons 06 and 07: tensor-parallel FFN (the source's flags)
     hidden_size: int
     ffn_size: int
     seq_len: int
@@ -46,7 +51,7 @@ class Profile:
     world_size: int
     ffn_iters: int
     ffn_warmup: int
-    # lesson 04: device_map="auto" on a Llama-shaped model (MLP width 4x hidden, 64 per head)
+    # lesson 05: device_map="auto" on a Llama-shaped model (MLP width 4x hidden, 64 per head)
     lm_vocab: int
     lm_hidden: int
     lm_blocks: int
@@ -61,6 +66,8 @@ class Profile:
             f"{self.num_batches} batches",
             "pipeline": f"ResNet50 batch {self.pipe_batch} at {self.pipe_image_size}x"
             f"{self.pipe_image_size}, {self.pipe_microbatches} micro-batches",
+            "schedules": f"{self.sched_blocks} MLP blocks of width {self.sched_width}, batch "
+            f"{self.sched_batch}, {self.sched_microbatches} micro-batches",
             "lm": f"Llama-shaped model: vocab {self.lm_vocab}, hidden {self.lm_hidden}, "
             f"{self.lm_blocks} blocks; batch {self.lm_batch} x {self.lm_seq} tokens",
             "ffn": f"FFN hidden {self.hidden_size}, ffn {self.ffn_size}, seq {self.seq_len}, "
@@ -89,6 +96,10 @@ PROFILES: dict[str, Profile] = {
         pipe_batch=16,
         pipe_image_size=128,
         pipe_microbatches=4,
+        sched_width=256,
+        sched_blocks=8,
+        sched_batch=512,
+        sched_microbatches=4,
         hidden_size=128,
         ffn_size=512,
         seq_len=64,
@@ -117,6 +128,10 @@ PROFILES: dict[str, Profile] = {
         pipe_batch=32,
         pipe_image_size=128,
         pipe_microbatches=4,
+        sched_width=1024,
+        sched_blocks=8,
+        sched_batch=2048,
+        sched_microbatches=8,
         hidden_size=512,
         ffn_size=4096,
         seq_len=512,

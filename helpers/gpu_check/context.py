@@ -60,7 +60,7 @@ class Sizes:
     demo_args: str
 
 
-# the source's command line (lesson 06), and a tiny one on the CPU for --smoke
+# the source's command line (lesson 07), and a tiny one on the CPU for --smoke
 SOURCE_DEMO = (
     "--hidden_size 512 --ffn_size 4096 --seq_len 512 --batch_size 8 --world_size 4 --device cuda"
 )

@@ -1,4 +1,4 @@
-"""Steps 5-6 of ``make gpu-check``: the memory ledger and lesson 04's
+"""Steps 5-6 of ``make gpu-check``: the memory ledger and lesson 05's
 ``device_map``: tiny_lm on GPU 0 + CPU + disk with accelerate, proven and timed.
 """
 

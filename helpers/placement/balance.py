@@ -1,4 +1,4 @@
-"""Lesson 04: what ``device_map="auto"`` does before it fills: balance the GPUs.
+"""Lesson 05: what ``device_map="auto"`` does before it fills: balance the GPUs.
 
 transformers' ``from_pretrained(device_map=...)`` knows four strategies. ``"sequential"``
 fills GPU 0, then GPU 1, ... under ``max_memory`` as given. ``"auto"``, ``"balanced"`` and

@@ -1,4 +1,4 @@
-"""Lesson 04: run a model whose layers live on GPU, CPU and disk, with accelerate.
+"""Lesson 05: run a model whose layers live on GPU, CPU and disk, with accelerate.
 
 ``accelerate.dispatch_model`` attaches a hook to every module: before the module runs,
 its weights are brought to the execution device (from CPU memory, or read back from a

@@ -1,4 +1,4 @@
-"""Lesson 04: ``device_map="auto"`` written by hand, in two steps.
+"""Lesson 05: ``device_map="auto"`` written by hand, in two steps.
 
 1. Budgets: ``"sequential"`` takes ``max_memory`` as given; ``"auto"``, ``"balanced"`` and
    ``"balanced_low_0"`` first lower the GPU budgets to spread the model over all the GPUs

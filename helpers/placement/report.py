@@ -1,4 +1,4 @@
-"""Lesson 04's views of a placement: tables of modules and devices, and a chart."""
+"""Lesson 05's views of a placement: tables of modules and devices, and a chart."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
-"""Lesson 04: a small decoder-only language model built locally, shaped like Llama.
+"""Lesson 05: a small decoder-only language model built locally, shaped like Llama.
 
 An embedding, a stack of identical transformer blocks, a final norm and an output
 head. Each block is pre-norm attention plus a gated MLP, each wrapped in a residual
 connection; the residual is why a block is marked unsplittable (``_no_split_modules``,
 the attribute Hugging Face models use): both ends of the ``+`` must be on one device.
 With ``LLAMA_7B`` the same class has Llama-7B's 6.74 billion weights (build it on the
-meta device, as lesson 04 does, and nothing is allocated). Positions are omitted:
+meta device, as lesson 05 does, and nothing is allocated). Positions are omitted:
 Llama's rotary embedding has no weights, so it changes no placement.
 """
 

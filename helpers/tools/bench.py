@@ -25,18 +25,26 @@ def _pipeline() -> dict:
 
 
 def _tp() -> dict:
-    from helpers.tensor_parallel.runs import tp_section  # lesson 06
+    from helpers.tensor_parallel.runs import tp_section  # lesson 07
 
     return tp_section()
 
 
+def _schedules() -> dict:
+    from helpers.pipeline.schedules_run import schedules_section  # lesson 04
+
+    return schedules_section()
+
+
 def _memory() -> dict:
-    from helpers.memory.bench import memory_section  # lessons 01-06's ledgers
+    from helpers.memory.bench import memory_section  # lessons 01-07's ledgers
 
     return memory_section()
 
 
-SECTIONS: dict[str, Callable[[], dict]] = {"pipeline": _pipeline, "tp": _tp, "memory": _memory}
+SECTIONS: dict[str, Callable[[], dict]] = {
+    "pipeline": _pipeline, "schedules": _schedules, "tp": _tp, "memory": _memory,
+}
 
 
 def load_existing(path) -> dict:

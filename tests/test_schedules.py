@@ -1,0 +1,159 @@
+"""The pipeline-schedules lesson's pieces: event collection, idle arithmetic, replay, bad input."""
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed.pipelining.schedules as schedules_module
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+from helpers.distributed.launcher import free_port
+from helpers.pipeline.events import (
+    Action,
+    bubble_theory,
+    check_instrumentable,
+    idle_fractions,
+    record_actions,
+)
+from helpers.pipeline.mlp_stack import build_stack, check_plan, chunk_of, rank_chunks
+from helpers.pipeline.schedules_run import launch_schedules
+from helpers.pipeline.timeline import ideal_timeline
+
+
+def test_the_pipelining_internals_we_wrap_still_exist():
+    """Fails loudly when a torch upgrade renames what helpers.pipeline.events wraps."""
+    check_instrumentable()
+    assert all(callable(getattr(PipelineStage, m)) for m in
+               ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"))
+
+
+def test_a_missing_internal_is_reported(monkeypatch):
+    monkeypatch.delattr(schedules_module, "_wait_batch_p2p")
+    with pytest.raises(RuntimeError, match="_wait_batch_p2p"):
+        check_instrumentable()
+
+
+@pytest.fixture
+def one_rank_group():
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    store = dist.TCPStore("127.0.0.1", free_port(), 1, is_master=True)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_events_of_a_one_rank_gpipe_step(one_rank_group):
+    model = build_stack(16, 2)
+    stage = PipelineStage(model, 0, 1, torch.device("cpu"))
+    schedule = ScheduleGPipe(stage, 4, loss_fn=nn.MSELoss())
+    x, y = torch.randn(8, 16), torch.randn(8, 16)
+    schedule.step(x, target=y)  # the first step also infers shapes
+    ticks = iter(range(0, 10**6, 10))
+    with record_actions(0, [stage], clock=lambda: next(ticks)) as actions:
+        schedule.step(x, target=y)
+    compute = [(a.kind, a.microbatch) for a in actions if a.kind != "wait"]
+    assert compute == [("F", m) for m in range(4)] + [("B", m) for m in range(4)]
+    assert all(a.end_ns > a.start_ns and a.stage == 0 and a.rank == 0 for a in actions)
+    assert stage.forward_one_chunk.__func__ is PipelineStage.forward_one_chunk  # unwrapped
+
+
+def synthetic(rank, kind, start, end, stage=0, mb=0):
+    return Action(rank, kind, stage, mb, start, end).as_dict()
+
+
+def test_idle_fraction_arithmetic_on_a_synthetic_timeline():
+    actions = [synthetic(0, "F", 0, 30), synthetic(0, "wait", 30, 60), synthetic(0, "B", 60, 100),
+               synthetic(1, "F", 40, 50), synthetic(1, "W", 50, 70)]
+    assert idle_fractions(actions, 2, 0, 100) == pytest.approx([0.3, 0.7])
+    with pytest.raises(ValueError, match="end after start"):
+        idle_fractions(actions, 2, 100, 100)
+
+
+def gpipe_order(stages, m):
+    """A GPipe step's actions in the order each rank runs them (1 ns apart, any times)."""
+    out, t = [], 0
+    for s in range(stages):
+        for kind in ("F", "B"):
+            for mb in range(m):
+                out.append(synthetic(s, kind, t, t + 1, stage=s, mb=mb))
+                t += 2
+    return out
+
+
+@pytest.mark.parametrize("stages, m", [(2, 4), (4, 8), (3, 1)])
+def test_the_ideal_replay_of_gpipe_has_the_textbook_bubble(stages, m):
+    ideal = ideal_timeline(gpipe_order(stages, m), stages, 1)
+    span = max(a["end"] for a in ideal)
+    idle = 1 - sum(a["end"] - a["start"] for a in ideal) / (span * stages)
+    assert idle == pytest.approx(bubble_theory("gpipe", stages, m))
+    assert span == pytest.approx(3 * (m + stages - 1))  # forward 1 tick, backward 2
+
+
+def test_bubble_formulas():
+    assert bubble_theory("1f1b", 2, 4) == pytest.approx(1 / 5)
+    assert bubble_theory("interleaved_1f1b", 2, 4, 2) == pytest.approx(1 / 9)
+    assert bubble_theory("zero_bubble", 2, 4, 2) == pytest.approx(1 / 25)
+    with pytest.raises(ValueError, match="dualpipe"):
+        bubble_theory("dualpipe", 2, 4)
+
+
+def test_chunks_are_placed_round_robin_and_cover_the_model():
+    model = build_stack(8, 8)
+    assert rank_chunks("interleaved_1f1b", 1, 2) == [1, 3]
+    assert rank_chunks("gpipe", 1, 2) == [1]
+    pieces = [chunk_of(model, 4, i) for i in range(4)]
+    assert [len(p) for p in pieces] == [2] * 4 and pieces[3][1] is model[7]
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (("looped_bfs", 2, 4, 8, 64), "unknown schedule 'looped_bfs'"),
+        (("interleaved_1f1b", 2, 3, 8, 48), "multiple of the ranks"),
+        (("zero_bubble", 4, 4, 6, 64), "8 chunks"),
+        (("gpipe", 2, 5, 8, 64), "divisor of 64"),
+    ],
+)
+def test_bad_choices_are_refused_before_any_launch(args, words, monkeypatch):
+    with pytest.raises(ValueError, match=words):
+        check_plan(*args)
+    monkeypatch.setattr("helpers.pipeline.schedules_run.launch",
+                        lambda *a, **k: pytest.fail("launched despite a bad choice"))
+    name, ranks, m, blocks, batch = args
+    with pytest.raises(ValueError, match=words):
+        launch_schedules([name], ranks=ranks, microbatches=m, batch=batch, width=8,
+                         blocks=blocks, steps=1)
+
+
+@pytest.mark.slow
+def test_every_schedule_is_proven_and_timed_on_two_ranks():
+    from helpers.pipeline.schedules_run import schedule_numbers
+
+    result = launch_schedules(ranks=2, microbatches=4, batch=32, width=32, blocks=4, steps=1,
+                              timeout=300)
+    numbers = schedule_numbers(result)
+    assert list(numbers) == ["gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"]
+    for name, n in numbers.items():
+        assert n["proof_ok"], (name, n["proof"])
+        kinds = {a["kind"] for a in result["schedules"][name]["actions"]}
+        assert kinds >= ({"F", "I", "W"} if name == "zero_bubble" else {"F", "B"}), name
+        assert n["ideal_idle_fraction"] == pytest.approx(n["bubble_theory"]), name
+    batch_bytes = 32 * 32 * 4  # the input batch, held whole on the first rank
+    gpipe, one_f = (numbers[s]["peak_activation_bytes"][0] - batch_bytes for s in ("gpipe", "1f1b"))
+    assert one_f / gpipe == pytest.approx(2 / 4, rel=0.02)
+
+
+def test_the_worker_started_without_torchrun_says_how_to_launch_it():
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    module = "helpers.pipeline.schedules_worker"
+    run = subprocess.run([sys.executable, "-m", module, "--schedules", "gpipe", "--microbatches",
+                          "4", "--batch", "32"], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert run.returncode == 1
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"torchrun --nproc-per-node=2 -m {module}" in lines[0], run.stderr
