@@ -6,7 +6,8 @@ when a zero-bubble schedule asks for the input gradient only) and
 ``backward_weight_one_chunk`` (W), and the schedules' wait for received tensors
 (``_wait_batch_p2p``, a private function: ``check_instrumentable`` fails loudly if a torch
 upgrade removes it). Times come from ``time.monotonic_ns``, one clock for all processes
-of a machine, so ranks' events line up.
+of a machine, so ranks' events line up; on a GPU each action ends with a synchronize, so
+its time is the GPU's, not the launch's.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 
+import torch
 import torch.distributed.pipelining.schedules as schedules_module
 
 COMPUTE = ("F", "B", "I", "W")
@@ -67,10 +69,13 @@ def record_actions(rank: int, stages: Sequence[object], meter: object | None = N
     def wrap(stage: object, name: str):
         original = getattr(stage, name)
         index = stage.stage_index
+        on_cuda = torch.device(stage.device).type == "cuda"
 
         def timed(chunk: int, *args, **kwargs):
             start = clock()
             result = original(chunk, *args, **kwargs)
+            if on_cuda:  # kernels run asynchronously: the action ends when the GPU is done
+                torch.cuda.synchronize(stage.device)
             full = kwargs.get("full_backward", args[1] if len(args) > 1 else True)
             kind = {"forward_one_chunk": "F", "backward_weight_one_chunk": "W"}.get(
                 name, "B" if full else "I")

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from html import escape
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from docutils import nodes
+if TYPE_CHECKING:  # docutils comes with the site's tools, which `make test` does not install
+    from docutils import nodes
 
 
 def download_html(docname: str, filename: str) -> str:
@@ -27,6 +28,8 @@ def download_html(docname: str, filename: str) -> str:
 
 def add_download_link(app: Any, doctree: nodes.document) -> None:
     """On ``doctree-read``: put the download paragraph under the title of a notebook page."""
+    from docutils import nodes
+
     docname = app.env.docname
     source = Path(str(app.env.doc2path(docname)))
     if source.suffix != ".ipynb":
