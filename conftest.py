@@ -7,4 +7,4 @@ import os
 
 os.environ["TUTORIAL_PROFILE"] = "small"
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
-os.environ["TUTORIAL_PROGRESS"] = "final"  # timing loops print one line, as in the stored runs
+os.environ["TUTORIAL_PROGRESS"] = "final"  # no progress bars, as in the stored runs

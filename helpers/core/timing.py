@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import statistics
-import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -21,8 +20,9 @@ from dataclasses import dataclass, field
 logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 from torch.utils.benchmark.utils.timer import timer as synchronized_clock  # noqa: E402
 
-# ``make run`` and ``make refresh`` set this to "final": one line per timing loop instead of
-# a live progress bar, whose redraws would be stored in the notebook as dozens of fragments.
+# ``make run``, ``make refresh`` and the tests set this to "final": no live progress bar, whose
+# redraws would be stored in the notebook as stderr fragments; the timing printed after the
+# loop (mean, std, n) is what the reader keeps.
 PROGRESS_ENV = "TUTORIAL_PROGRESS"
 
 
@@ -97,10 +97,6 @@ def measure(
         start = synchronized_clock()
         fn()
         times.append(synchronized_clock() - start)
-    if progress and not live:  # stored notebooks keep one line, not a bar's many redraws
-        print(
-            f"{label or 'timing'}: {repeats} timed run(s) after {warmup} warm-up", file=sys.stderr
-        )
     return Timing(label=label, times=times)
 
 

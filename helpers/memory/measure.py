@@ -88,13 +88,9 @@ def measure_training_memory(
             loss = loss_fn(output, labels.to(output.device))
             loss.backward()
         opt.step()
-        rows: dict[str, DeviceMemory] = {}
-        names = list(parts) if parts else []
+        rows = {n: DeviceMemory() for n in parts} if parts else {}  # in the parts' order
         for t in (*params, *model.buffers()):
-            rows.setdefault(owner(t), DeviceMemory())
-        rows = {n: rows.get(n, DeviceMemory()) for n in names} if names else rows
-        for t in (*params, *model.buffers()):
-            rows[owner(t)].weights += nbytes(t)
+            rows.setdefault(owner(t), DeviceMemory()).weights += nbytes(t)
         for p in params:
             rows[owner(p)].grads += nbytes(p.grad) if p.grad is not None else 0
             state = opt.state.get(p, {})

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import weakref
 from collections import defaultdict
-from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -91,8 +90,3 @@ class SavedTensorMeter:
         self._hooks.__exit__(*exc)
         for handle in self._handles:
             handle.remove()
-
-
-def saved_bytes_by_part(meter: SavedTensorMeter, names: Iterable[str]) -> dict[str, int]:
-    """The meter's peak for each name (0 where nothing was saved)."""
-    return {n: meter.peak.get(n, 0) for n in names}

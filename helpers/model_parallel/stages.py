@@ -82,30 +82,3 @@ def stage_bytes(model: StagedModel) -> list[int]:
         sum(t.numel() * t.element_size() for t in (*s.parameters(), *s.buffers()))
         for s in model.stages
     ]
-
-
-def saved_activation_bytes(model: StagedModel, x: torch.Tensor) -> list[int]:
-    """Bytes that autograd saves for the backward pass in each stage, for one input ``x``.
-
-    One training-mode forward is run with ``torch.autograd.graph.saved_tensors_hooks``;
-    each tensor's storage is counted once per stage (on real devices a stage keeps its
-    own copy), and parameters are left out: a device holds them as weights anyway.
-    """
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: set[tuple[int, int]] = set()
-    per_stage, current = [0] * len(model.stages), [0]
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        key = (current[0], storage.data_ptr())
-        if storage.data_ptr() not in params and key not in seen:
-            seen.add(key)
-            per_stage[current[0]] += storage.nbytes()
-        return t
-
-    model.train()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        for k, (stage, device) in enumerate(zip(model.stages, model.devices, strict=True)):
-            current[0] = k
-            x = stage(x.to(device))
-    return per_stage

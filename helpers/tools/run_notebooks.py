@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
     args = parser.parse_args(argv)
 
-    os.environ[PROGRESS_ENV] = "final"  # the kernels inherit it: one line per timing loop
+    os.environ[PROGRESS_ENV] = "final"  # the kernels inherit it: no progress-bar redraws stored
     profile = resolve_name()
     try:
         paths = lessons(args.only)
