@@ -69,7 +69,7 @@ site-check: site
 	$(PY) -m helpers.tools.website.check --self-test
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check helpers tests notebooks
+	$(VENV)/bin/ruff check helpers tests solutions notebooks
 
 clean:
 	rm -rf results

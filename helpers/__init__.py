@@ -9,7 +9,8 @@ The infrastructure
   nodes' torchrun agents on one machine) and ``ranks`` (the rank's side).
 - ``tools``: ``run_notebooks`` (``make run``/``make refresh``), ``bench`` (``make bench``),
   ``gpu_check`` (``make gpu-check``, whose steps live in the ``gpu_check`` package),
-  ``website`` (``make site``/``make site-check``: the course as a checked static website).
+  ``website`` (``make site``/``make site-check``: the course as a checked static website),
+  ``glossary`` (the rules that keep docs/glossary.md and the lessons in step).
 
 The lessons
 - 01 ``model_parallel.toy``, ``model_parallel.transfer``: a toy model on two devices; moving
@@ -32,5 +33,9 @@ The lessons
 - every lesson ``memory``: ``ledger``, ``measure`` and ``saved`` (one step, counted),
   ``estimate``, ``layer_rules`` and ``transformer`` (predicted from shapes), ``cuts``,
   ``fits`` (what fits where), ``plots``, ``bench``.
+- every lesson ``exercises``: ``feedback`` (the verdicts and the ``checker`` decorator), one
+  checker module per topic (``model_parallel`` 01-02, ``pipeline`` 03-04, ``placement`` 05,
+  ``tensor_parallel`` 06, ``torchrun`` 07), ``two_ranks`` (a real gloo group as threads) and
+  ``solutions`` (the reference answers in solutions/).
 - ``tp_demo``: the source script's command line, a thin layer over ``tensor_parallel``.
 """

@@ -139,8 +139,10 @@ def test_landing_page_refuses_a_link_to_a_file_not_on_the_site():
 def test_the_real_readme_makes_a_landing_page_of_the_real_lessons():
     lessons = [p.stem for p in lesson_notebooks(NOTEBOOKS_DIR)]
     readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    page = sources.landing_page(readme, lessons, glossary=False)
+    glossary = (REPO_ROOT / sources.GLOSSARY).is_file()
+    page = sources.landing_page(readme, lessons, glossary=glossary)
     assert all(f"(notebooks/{name}.ipynb)" in page for name in lessons)
+    assert glossary and f"]({sources.GLOSSARY})" in page
 
 
 def test_table_of_contents_lists_lessons_then_the_glossary():

@@ -1,0 +1,147 @@
+"""Checkers for lessons 03 (pipeline parallelism) and 04 (pipeline schedules)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from helpers.exercises.feedback import Wrong, answer, checker, given
+from helpers.memory.fits import SCHEDULES, Layout
+from helpers.pipeline.events import bubble_theory
+from helpers.pipeline.schedule import gpipe_timeline
+from helpers.pipeline.timeline import ideal_timeline
+
+TARGET_STAGES, TARGET_BUBBLE = 4, 0.10
+STAGE_COST_CASES = (((1, 1), 4), ((1, 1, 1, 1), 8), ((1, 2), 4), ((3, 1, 1), 6),
+                    ((1, 1, 4, 1), 2), ((2, 2, 2), 1))
+
+
+def drawn_bubble(stages: int, microbatches: int) -> float:
+    """The idle share counted cell by cell on the lesson's drawn GPipe timeline."""
+    rows = [r for r in gpipe_timeline(stages, microbatches).splitlines() if r.startswith("stage")]
+    cells = [c for row in rows for c in row.split(":", 1)[1].split()]
+    return cells.count("..") / len(cells)
+
+
+def replayed_bubble(stage_costs: Sequence[float], microbatches: int) -> float:
+    """GPipe's idle share with these forward costs per stage (a backward costs twice its
+    forward), from lesson 04's replay of a schedule with free communication."""
+    actions, ranks = [], len(stage_costs)
+    for rank, cost in enumerate(stage_costs):
+        order = [("F", m, cost) for m in range(microbatches)]
+        order += [("B", m, 2 * cost) for m in range(microbatches)]
+        for i, (kind, mb, duration) in enumerate(order):
+            actions.append({"rank": rank, "stage": rank, "kind": kind, "microbatch": mb,
+                            "start_ns": i, "end_ns": i + int(duration * 1e6)})
+    replay = ideal_timeline(actions, ranks, 1, measured_costs=True)
+    step = max(a["end"] for a in replay)
+    return 1 - sum(a["end"] - a["start"] for a in replay) / (ranks * step)
+
+
+@checker("03.1", "Write the body of gpipe_bubble(stage_costs, M), then run this cell again.")
+def check_gpipe_bubble(gpipe_bubble: Callable[[Sequence[float], int], float]) -> str:
+    """GPipe's idle share with unequal stages, against a replay of the schedule."""
+    for costs, m in STAGE_COST_CASES:
+        got = float(answer(gpipe_bubble, list(costs), m))
+        want = replayed_bubble(costs, m)
+        if abs(got - want) > 1e-9:
+            k = len(costs)
+            hint = ("that is the formula for equal stages; here the slowest stage sets the "
+                    "pace: how long does the forward pass of all M micro-batches take?"
+                    if abs(got - (k - 1) / (m + k - 1)) < 1e-9 else
+                    "the step is the time from the first forward to the last backward; each "
+                    "stage is busy 3 x M x its own forward cost of it")
+            raise Wrong(f"gpipe_bubble({list(costs)}, M={m}) = {got:.4f}; the replayed GPipe "
+                        f"step is idle {want:.4f} of the device time", hint)
+    floor = replayed_bubble((1, 1, 1, 2), 512)
+    return (f"Your formula matches the replay for every case tried. Note what imbalance does: "
+            f"with costs [1, 1, 1, 2] even M=512 leaves the devices idle {floor:.1%} of the "
+            "time, because three stages wait for the slow one however many micro-batches flow.")
+
+
+def fewest_microbatches(stages: int, bubble: float) -> int:
+    """The smallest M whose drawn GPipe timeline idles at most ``bubble``."""
+    m = 1
+    while drawn_bubble(stages, m) > bubble + 1e-12:
+        m += 1
+    return m
+
+
+@checker("03.2", "Set fewest_m to a number, then run this cell again.")
+def check_fewest_m(fewest_m: int) -> str:
+    """The fewest micro-batches that keep a 4-stage GPipe bubble at or under 10%."""
+    got = given(fewest_m)
+    if not isinstance(got, int) or got < 1:
+        raise Wrong(f"fewest_m = {got!r}; expected a whole number of micro-batches, 1 or more")
+    want = fewest_microbatches(TARGET_STAGES, TARGET_BUBBLE)
+    if got < want:
+        raise Wrong(f"With M={got} the bubble is {drawn_bubble(TARGET_STAGES, got):.1%}, over "
+                    f"{TARGET_BUBBLE:.0%}", "your gpipe_bubble from exercise 03.1, with four equal costs, on larger M")
+    if got > want:
+        raise Wrong(f"M={got} keeps the bubble under {TARGET_BUBBLE:.0%}, but fewer micro-batches "
+                    "do too (and each extra one makes the micro-batches smaller and the GPU "
+                    "less busy)", "your gpipe_bubble from exercise 03.1, with four equal costs, on smaller M")
+    return (f"M={want}: the bubble is {drawn_bubble(TARGET_STAGES, want):.1%}, and "
+            f"{drawn_bubble(TARGET_STAGES, want - 1):.1%} with one fewer. The batch must split "
+            f"into {want} micro-batches, so it needs at least {want} samples.")
+
+
+SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble")
+
+
+@checker("04.1", "Write the body of bubble(schedule, K, M, v), then run this cell again.")
+def check_bubble(bubble: Callable[[str, int, int, int], float]) -> str:
+    """The ideal idle share of all four schedules, against the lesson's ``bubble_theory``."""
+    for schedule in SCHEDULE_NAMES:
+        chunks = (1,) if schedule in ("gpipe", "1f1b") else (1, 2, 4)
+        for k, m in ((2, 4), (4, 8), (8, 16)):
+            for v in chunks:
+                got = float(answer(bubble, schedule, k, m, v))
+                want = bubble_theory(schedule, k, m, v)
+                if abs(got - want) > 1e-9:
+                    hint = {
+                        "gpipe": "lesson 03's bubble: the ramp-up and ramp-down take K-1 steps",
+                        "1f1b": "1F1B reorders the work but does not shorten the ramps",
+                        "interleaved_1f1b": "with v chunks per rank, each piece of work is 1/v "
+                        "as long, but there are v times as many pieces",
+                        "zero_bubble": "the backward is now two pieces, I and W, each as long "
+                        "as F: count the work per micro-batch",
+                    }[schedule]
+                    raise Wrong(f"bubble({schedule!r}, K={k}, M={m}, v={v}) = {got:.4f}; the "
+                                f"ideal schedule idles {want:.4f}", hint)
+    return ("All four schedules match. At K=4, M=8: "
+            + ", ".join(f"{s} {bubble_theory(s, 4, 8, 2 if s in SCHEDULE_NAMES[2:] else 1):.1%}"
+                        for s in SCHEDULE_NAMES) + " (v=2 for the last two).")
+
+
+def peak_reference(schedule: str, stages: int, microbatches: int, stage: int,
+                   weights: int, activation: int) -> int:
+    """Weights plus the in-flight micro-batches' activations at ``stage``'s peak."""
+    layout = Layout(schedule, pp=stages, schedule=schedule)
+    return weights + layout.in_flight(microbatches)[stage] * activation
+
+
+@checker("04.2", "Write the body of peak_bytes(schedule, K, M, stage, weights, activation), "
+                 "then run this cell again.")
+def check_peak_bytes(peak_bytes: Callable[[str, int, int, int, int, int], int]) -> str:
+    """A stage's peak memory under GPipe and 1F1B, against the ``fits`` layouts' rule."""
+    weights, activation = 3 * 2**30, 2**30
+    for schedule in SCHEDULES:
+        for k, m in ((4, 8), (4, 2), (8, 32)):
+            for stage in range(k):
+                got = int(answer(peak_bytes, schedule, k, m, stage, weights, activation))
+                want = peak_reference(schedule, k, m, stage, weights, activation)
+                if got != want:
+                    held = (got - weights) / activation
+                    hint = ("GPipe runs every forward before the first backward" if schedule
+                            == "gpipe" else "1F1B's warm-up: how many forwards does stage k run "
+                            "before its first backward, and can that exceed M?")
+                    raise Wrong(f"peak_bytes({schedule!r}, K={k}, M={m}, stage={stage}) says "
+                                f"{held:g} micro-batches in flight; the schedule holds "
+                                f"{(want - weights) // activation}", hint)
+    budget = 12 * 2**30
+    verdict = {s: all(peak_reference(s, 4, 16, k, weights, activation) <= budget for k in range(4))
+               for s in SCHEDULES}
+    return ("Every stage of every case tried is right. Example: 4 stages, 16 micro-batches, 3 GiB of weights and "
+            "1 GiB of activations per micro-batch per stage, 12 GiB per GPU: "
+            + ", ".join(f"{s} {'fits' if ok else 'does not fit'}" for s, ok in verdict.items())
+            + ".")

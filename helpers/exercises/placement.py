@@ -1,0 +1,96 @@
+"""Checkers for lesson 05 (``device_map="auto"`` placement)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from torch import nn
+
+from helpers.exercises.feedback import Wrong, answer, checker
+from helpers.placement.offload import accelerate_device_map
+from helpers.placement.planner import device_of, tensor_devices
+from helpers.placement.report import device_label
+from helpers.placement.sizing import Device, module_sizes, parse_budgets, tensor_bytes
+
+
+def target_map(model: nn.Module) -> dict[str, Device]:
+    """Exercise 05.1's goal: embed and the first half of the blocks on GPU 0, the other blocks
+    and the final norm on GPU 1, the head in CPU memory, nothing on disk."""
+    blocks = len(model.blocks)
+    goal: dict[str, Device] = {"embed": 0}
+    goal |= {f"blocks.{i}": 0 if i < blocks // 2 else 1 for i in range(blocks)}
+    return goal | {"norm": 1, "head": "cpu"}
+
+
+def describe(device_map: Mapping[str, Device]) -> str:
+    by_device: dict[str, list[str]] = {}
+    for name, device in device_map.items():
+        by_device.setdefault(device_label(device), []).append(name)
+    return "; ".join(f"{d}: {', '.join(names)}" for d, names in by_device.items())
+
+
+@checker("05.1", "Write the body of budgets_for_goal(sizes), then run this cell again.")
+def check_budgets_for_goal(budgets_for_goal: Callable[[dict[str, int]], dict], model: nn.Module,
+                           ) -> str:
+    """Budgets under which accelerate's "sequential" plan is the goal, run through accelerate."""
+    sizes = module_sizes(model)
+    budgets = answer(budgets_for_goal, sizes)
+    try:
+        parse_budgets(budgets)
+    except ValueError as error:
+        raise Wrong(f"budgets_for_goal returned an invalid max_memory: {error}") from error
+    planned = accelerate_device_map(model, budgets, strategy="sequential")
+    goal = target_map(model)
+    wrong = [(name, device_of(name, planned), want) for name, want in goal.items()
+             if device_of(name, planned) != want]
+    if wrong:
+        name, got, want = wrong[0]
+        more = f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
+        order = {0: 0, 1: 1, "cpu": 2, "disk": 3}
+        hint = ("too little room before it: accelerate holds back room on a main device "
+                "(GPU 0, and the CPU) for the largest layer still to place (Step 4)"
+                if order[got] > order[want] else
+                "too much room: a device takes modules in order while they fit under its budget")
+        raise Wrong(f"With {budgets} accelerate puts {name} on {device_label(got)}, the goal is "
+                    f"{device_label(want)}{more}. Its plan: {describe(planned)}", hint)
+    return (f"accelerate's plan is the goal: {describe(planned)}. The same budgets passed as "
+            "from_pretrained(..., device_map=\"sequential\", max_memory=...) give this map.")
+
+
+def copied_reference(model: nn.Module, device_map: Mapping[str, Device]) -> int:
+    """Bytes that one forward copies to GPU 0: every tensor mapped to the CPU or the disk."""
+    placed = tensor_devices(model, device_map)
+    tensors = dict(model.named_parameters()) | dict(model.named_buffers())
+    return sum(tensor_bytes(tensors[n]) for n, d in placed.items() if d in ("cpu", "disk"))
+
+
+def _maps(model: nn.Module) -> list[dict[str, Device]]:
+    total = module_sizes(model)[""]
+    shares = ((0.45, 0.35, 0.25), (0.6, 0.0, 0.5), (0.3, 0.3, 0.1), (1.2, 0.0, 0.0))
+    maps = []
+    for gpu0, gpu1, cpu in shares:
+        budgets = {0: int(gpu0 * total), 1: int(gpu1 * total), "cpu": int(cpu * total),
+                   "disk": 10 * total}
+        maps.append(accelerate_device_map(model, budgets, strategy="sequential"))
+    return maps
+
+
+@checker("05.2", "Write the body of copied_per_forward(device_map, sizes), then run this cell "
+                 "again.")
+def check_copied_per_forward(copied_per_forward: Callable[[dict, dict[str, int]], int],
+                             model: nn.Module) -> str:
+    """Bytes brought to GPU 0 per forward, against the tensors the map places off the GPUs."""
+    sizes = module_sizes(model)
+    for device_map in _maps(model):
+        got = answer(copied_per_forward, dict(device_map), dict(sizes))
+        want = copied_reference(model, device_map)
+        if got != want:
+            on_disk = sum(sizes[n] for n, d in device_map.items() if d == "disk")
+            hint = ("layers in CPU memory are copied over too, not only those on disk"
+                    if got == on_disk and got != want else
+                    "each module of the map counts once; sizes[name] already includes its "
+                    "children")
+            raise Wrong(f"For the map {describe(device_map)} you said {got:,} bytes; a forward "
+                        f"brings {want:,} bytes to GPU 0", hint)
+    return ("Every map tried matches. Generating 100 tokens runs 100 forwards: that many "
+            "times these bytes cross PCIe (or come from disk), whatever the model computes.")
