@@ -8,12 +8,14 @@ solved yet", which is what the stored notebooks show, so unsolved exercises neve
 from __future__ import annotations
 
 import functools
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 STATUSES = ("unsolved", "wrong", "right")
+WIDTH = 88  # the verdict is wrapped to fit a notebook's output area
 _HEADS = {
     "unsolved": "… Exercise {}: not solved yet.",
     "wrong": "✗ Exercise {}: not right yet.",
@@ -39,9 +41,11 @@ class Feedback:
         return self.status == "right"
 
     def __repr__(self) -> str:
-        lines = [f"{_HEADS[self.status].format(self.exercise)} {self.message}"]
+        lines = textwrap.wrap(f"{_HEADS[self.status].format(self.exercise)} {self.message}",
+                              WIDTH, subsequent_indent="  ", break_on_hyphens=False)
         if self.hint:
-            lines.append(f"  Hint: {self.hint}")
+            lines += textwrap.wrap(f"Hint: {self.hint}", WIDTH, initial_indent="  ",
+                                   subsequent_indent="        ", break_on_hyphens=False)
         return "\n".join(lines)
 
 

@@ -24,6 +24,9 @@ def parse_torchrun(args: Sequence[str]) -> dict:
     if isinstance(args, str) or not all(isinstance(a, str) for a in args):
         raise Wrong(f"Expected a list of strings, e.g. ['--nnodes=2', ...]; got {args!r}",
                     "write one list item per word of the command line, without 'torchrun'")
+    if args and args[0].endswith(("torchrun", "torch.distributed.run")):
+        raise Wrong(f"The list starts with {args[0]!r}", "leave out the command itself: only "
+                    "the arguments that follow the word torchrun")
     errors = io.StringIO()
     try:
         with contextlib.redirect_stderr(errors):
