@@ -136,16 +136,21 @@ def check_three_stage_cut(three_stage_cut: Callable[[Sequence[float]], Sequence[
             + ", ".join(f"{s / sum(flops):.0%}" for s in shares) + " of the FLOPs per stage.")
 
 
-def block_input(block: str, batch: int, image_size: int) -> torch.Tensor:
+def resnet_blocks() -> list[tuple[str, nn.Module]]:
+    """ResNet50 as the lesson's block list, in eval mode (only the shapes matter here)."""
+    return [(name, m.eval()) for name, m in resnet_layers(resnet50(10), blocks=True)]
+
+
+def block_input(layers: list[tuple[str, nn.Module]], block: str, batch: int,
+                image_size: int) -> torch.Tensor:
     """The tensor a cut before ``block`` (e.g. "layer3_0") carries, from a real forward."""
-    layers = resnet_layers(resnet50(10), blocks=True)
     names = [name for name, _ in layers]
     if block not in names or not block.startswith("layer"):
         valid = [n for n in names if n.startswith("layer")]
         raise ValueError(f"block={block!r}; valid: {', '.join(valid)}")
     first = nn.Sequential(*(m for _, m in layers[:names.index(block)]))
     with torch.no_grad():
-        return first.eval()(torch.randn(batch, 3, image_size, image_size))
+        return first(torch.randn(batch, 3, image_size, image_size))
 
 
 CUT_CASES = (("layer3_0", 1, 64), ("layer3_0", 2, 224), ("layer1_0", 3, 64), ("layer2_0", 1, 96),
@@ -155,9 +160,10 @@ CUT_CASES = (("layer3_0", 1, 64), ("layer3_0", 2, 224), ("layer1_0", 3, 64), ("l
 @checker("02.2", "Write the body of cut_bytes(block, batch, image_size), then run this cell again.")
 def check_cut_bytes(cut_bytes: Callable[[str, int, int], int]) -> str:
     """Bytes of the activation at a cut before a bottleneck block, against a real forward."""
+    layers = resnet_blocks()
     for block, batch, size in CUT_CASES:
         got = answer(cut_bytes, block, batch, size)
-        out = block_input(block, batch, size)
+        out = block_input(layers, block, batch, size)
         want = out.numel() * out.element_size()
         if got != want:
             hint = ("count bytes: a float32 element is 4 bytes" if got * 4 == want else
@@ -167,7 +173,7 @@ def check_cut_bytes(cut_bytes: Callable[[str, int, int], int]) -> str:
                     "channels does that stage put out?")
             raise Wrong(f"cut_bytes({block!r}, batch={batch}, image_size={size}) = {got:,}; the "
                         f"tensor that crosses has {want:,} bytes", hint)
-    sizes = {b: block_input(b, 1, 224) for b in ("layer2_0", "layer3_0", "layer4_0")}
+    sizes = {b: block_input(layers, b, 1, 224) for b in ("layer2_0", "layer3_0", "layer4_0")}
     return ("Every cut tried matches. Per 224 x 224 image: "
             + ", ".join(f"before {b} {t.numel() * 4 / 2**20:.2f} MiB" for b, t in sizes.items())
             + ": deeper cuts carry less, because the resolution falls faster than the channels grow.")

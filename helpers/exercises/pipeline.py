@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from helpers.exercises.feedback import Wrong, answer, checker, given
 from helpers.memory.fits import SCHEDULES, Layout
 from helpers.pipeline.events import bubble_theory
+from helpers.pipeline.mlp_stack import CHUNKS_PER_RANK, SCHEDULE_NAMES
 from helpers.pipeline.schedule import gpipe_timeline
 from helpers.pipeline.timeline import ideal_timeline
 
@@ -79,20 +80,19 @@ def check_fewest_m(fewest_m: int) -> str:
     if got > want:
         raise Wrong(f"M={got} keeps the bubble under {TARGET_BUBBLE:.0%}, but fewer micro-batches "
                     "do too (and each extra one makes the micro-batches smaller and the GPU "
-                    "less busy)", "your gpipe_bubble from exercise 03.1, with four equal costs, on smaller M")
+                    "less busy)",
+                    "your gpipe_bubble from exercise 03.1, with four equal costs, on smaller M")
     return (f"M={want}: the bubble is {drawn_bubble(TARGET_STAGES, want):.1%}, and "
             f"{drawn_bubble(TARGET_STAGES, want - 1):.1%} with one fewer. The batch must split "
             f"into {want} micro-batches, so it needs at least {want} samples.")
 
-
-SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble")
 
 
 @checker("04.1", "Write the body of bubble(schedule, K, M, v), then run this cell again.")
 def check_bubble(bubble: Callable[[str, int, int, int], float]) -> str:
     """The ideal idle share of all four schedules, against the lesson's ``bubble_theory``."""
     for schedule in SCHEDULE_NAMES:
-        chunks = (1,) if schedule in ("gpipe", "1f1b") else (1, 2, 4)
+        chunks = (1,) if CHUNKS_PER_RANK[schedule] == 1 else (1, 2, 4)
         for k, m in ((2, 4), (4, 8), (8, 16)):
             for v in chunks:
                 got = float(answer(bubble, schedule, k, m, v))
@@ -109,8 +109,8 @@ def check_bubble(bubble: Callable[[str, int, int, int], float]) -> str:
                     raise Wrong(f"bubble({schedule!r}, K={k}, M={m}, v={v}) = {got:.4f}; the "
                                 f"ideal schedule idles {want:.4f}", hint)
     return ("All four schedules match. At K=4, M=8: "
-            + ", ".join(f"{s} {bubble_theory(s, 4, 8, 2 if s in SCHEDULE_NAMES[2:] else 1):.1%}"
-                        for s in SCHEDULE_NAMES) + " (v=2 for the last two).")
+            + ", ".join(f"{s} {bubble_theory(s, 4, 8, CHUNKS_PER_RANK[s]):.1%}"
+                        for s in SCHEDULE_NAMES) + " (v as in this lesson: 2 for the last two).")
 
 
 def peak_reference(schedule: str, stages: int, microbatches: int, stage: int,

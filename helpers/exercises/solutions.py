@@ -38,12 +38,12 @@ def solution_file(exercise: str) -> Path:
 
 
 def sections(path: Path) -> dict[str, str]:
-    """Exercise id -> the text of its section in a solutions file."""
-    text = path.read_text(encoding="utf-8")
+    """Exercise id -> the text of its section in a solutions file (``ANSWERS`` left out)."""
+    text = path.read_text(encoding="utf-8").split("\nANSWERS = ")[0]
     marks = list(_SECTION.finditer(text))
-    return {m.group(1): text[m.start():(marks[i + 1].start() if i + 1 < len(marks) else len(text))]
-            .split("\nANSWERS = ")[0].rstrip() + "\n"
-            for i, m in enumerate(marks)}
+    ends = [m.start() for m in marks[1:]] + ([len(text)] if marks else [])
+    return {m.group(1): text[m.start():end].rstrip() + "\n"
+            for m, end in zip(marks, ends, strict=True)}
 
 
 def show_solution(exercise: str) -> Source:

@@ -19,7 +19,7 @@ from helpers.core.paths import REPO_ROOT
 
 GLOSSARY = REPO_ROOT / "docs" / "glossary.md"
 _BOLD = re.compile(r"\*\*(.+?)\*\*", re.DOTALL)
-_LEAD = re.compile(r"^[ \t>]*(?:[-*]|\d+\.)?[ \t]*(?:\[)?\*\*")
+_LEAD_PREFIX = re.compile(r"[ \t>]*(?:(?:[-*]|\d+\.)[ \t]+)?\[?")  # quote, list marker, link
 _LINK = re.compile(r"\]\(([^)\s]*glossary\.md)(?:#([^)\s]*))?\)")
 _FENCE = re.compile(r"```.*?```", re.DOTALL)
 
@@ -57,11 +57,6 @@ def read_glossary(text: str) -> list[Entry]:
     return entries
 
 
-def term_index(entries: list[Entry]) -> dict[str, Entry]:
-    """Every accepted form of every entry, normalised."""
-    return {normal(form): e for e in entries for form in (e.name, *e.forms)}
-
-
 def markdown_cells(notebook: Path) -> list[str]:
     """The lesson's markdown, code blocks removed."""
     cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
@@ -73,8 +68,8 @@ def bold_terms(markdown: str) -> list[str]:
     terms, starts = [], set(_paragraph_starts(markdown))
     for match in _BOLD.finditer(markdown):
         line_begin = markdown.rfind("\n", 0, match.start()) + 1
-        lead = line_begin in starts and _LEAD.match(markdown[line_begin:match.end()])
-        if not (lead and markdown[line_begin:match.start()].strip(" \t>-*[0123456789.") == ""):
+        prefix = markdown[line_begin:match.start()]
+        if not (line_begin in starts and _LEAD_PREFIX.fullmatch(prefix)):
             terms.append(" ".join(match.group(1).split()))
     return terms
 
