@@ -16,8 +16,8 @@ def bubble(schedule: str, K: int, M: int, v: int) -> float:
 # %% Exercise 04.2: peak memory per stage
 def peak_bytes(schedule: str, K: int, M: int, stage: int, weights: int, activation: int) -> int:
     """GPipe holds every micro-batch; 1F1B's stage k runs K - k forwards before its first
-    backward, and never more than M."""
-    in_flight = M if schedule == "gpipe" else min(M, K - stage)
+    backward (PyTorch's Schedule1F1B needs M >= K, so that is never more than M)."""
+    in_flight = M if schedule == "gpipe" else K - stage
     return weights + in_flight * activation
 
 

@@ -49,7 +49,7 @@ def test_process_decision_table(
     if want_backend == "nccl":
         assert plan.devices == [torch.device("cuda", k) for k in range(n)] and not plan.simulated
     if gpus and 0 < gpus < n and backend == "auto" and device == "auto":
-        assert "Duplicate GPU detected" in plan.reason
+        assert "Multiple Ranks are using the same GPU" in plan.reason
 
 
 @pytest.mark.parametrize(

@@ -106,7 +106,7 @@ WRONG = {
     "03.1": (lambda costs, m: (len(costs) - 1) / (m + len(costs) - 1), "slowest stage"),
     "03.2": (20, "over 10%"),
     "04.1": (lambda s, k, m, v: (k - 1) / (m + k - 1), "1/v"),
-    "04.2": (lambda s, k, m, stage, w, a: w + a * (m if s == "gpipe" else k - stage), "exceed M"),
+    "04.2": (lambda s, k, m, stage, w, a: w + a * (m if s == "gpipe" else k), "stage k run"),
     "05.1": (_no_reserve, "largest layer"),
     "05.2": (lambda device_map, sizes: sum(sizes[n] for n, d in device_map.items() if d == "disk"),
              "CPU memory"),

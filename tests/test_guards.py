@@ -334,7 +334,7 @@ def test_in_process_plans(fake_gpus):
             "auto",
             "auto",
             "gloo on the CPU: 2 ranks but only 1 GPU(s), and NCCL refuses two ranks on "
-            "one GPU ('Duplicate GPU detected')",
+            "one GPU ('Multiple Ranks are using the same GPU')",
         ),
         (4, 2, "auto", "auto", "nccl: one GPU per rank (2 of 4 GPUs)"),
     ],
@@ -350,7 +350,7 @@ def test_process_refusals_offer_only_the_alternatives_that_exist(fake_gpus):
         devices.plan_devices(2, processes=True, device="cpu", backend="nccl")
     assert str(error.value) == (
         "backend 'nccl' needs one GPU per rank (--device cpu was asked for); NCCL refuses two "
-        "ranks on one GPU ('Duplicate GPU detected'); valid: backend 'gloo' (CPU)"
+        "ranks on one GPU ('Multiple Ranks are using the same GPU'); valid: backend 'gloo' (CPU)"
     )
     fake_gpus(0)
     with pytest.raises(

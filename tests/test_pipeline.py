@@ -154,3 +154,19 @@ def test_more_processes_than_stages_is_a_clear_error():
             timeout=300,
         )
     assert "--split gives 2 stages but torchrun started 3 processes" in info.value.log_tail
+
+
+def test_speedup_is_taken_against_the_same_processes_at_one_microbatch():
+    from helpers.core.timing import Timing
+    from helpers.pipeline.speedup import speedups
+
+    timed = {("gpipe", 1): Timing("m1", [2.0, 2.0]), ("gpipe", 4): Timing("m4", [1.6, 1.6]),
+             ("gpipe", 2): Timing("m2", [1.0, 1.0]), ("1f1b", 4): Timing("x", [1.0])}
+    gains = {g.microbatches: g for g in speedups(timed, stages=2)}
+    assert set(gains) == {2, 4}  # M=1 is the baseline; other schedules are not mixed in
+    assert gains[4].value == pytest.approx(1.25) and gains[4].ideal == pytest.approx(1.6)
+    assert not gains[4].above_ideal and "above the ideal" not in gains[4].describe()
+    assert gains[2].value == pytest.approx(2.0) and gains[2].above_ideal  # ideal 1.33
+    assert "above the ideal" in gains[2].describe()
+    with pytest.raises(ValueError, match="no gpipe run at M=1"):
+        speedups({("gpipe", 4): Timing("m4", [1.0])}, stages=2)

@@ -459,3 +459,18 @@ def test_plot_plans_writes_one_png(tmp_path, lm):
     path = plot_plans(lm, plans, tmp_path / "dm.png", title="test")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
     assert [p.name for p in tmp_path.iterdir()] == ["dm.png"]
+
+
+def test_without_max_memory_auto_keeps_a_tenth_of_one_gpu_free():
+    """The source's call gives no max_memory: get_balanced_memory then keeps 10% of a single
+    GPU free for "auto"; "sequential" fills all of it (simulated free memory)."""
+    from helpers.placement.offload import accelerate_without_max_memory
+
+    model = build_lm(CONFIG, seed=0)
+    total = module_sizes(model)[""]
+    free = {0: int(0.95 * total), "cpu": 2 * total}
+    auto, sequential = (accelerate_without_max_memory(model, free, strategy=s)
+                        for s in ("auto", "sequential"))
+    assert auto[0][0] == pytest.approx(0.9 * free[0]) and sequential[0][0] == free[0]
+    on_gpu = [sum(d == 0 for d in plan.values()) for _, plan in (auto, sequential)]
+    assert on_gpu[0] < on_gpu[1]

@@ -157,3 +157,24 @@ def test_the_worker_started_without_torchrun_says_how_to_launch_it():
     assert run.returncode == 1
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and f"torchrun --nproc-per-node=2 -m {module}" in lines[0], run.stderr
+
+
+def test_cost_split_report_prints_measured_ratios_and_three_idle_shares():
+    from helpers.pipeline.schedules_run import cost_split_report
+
+    numbers = {"zero_bubble": {
+        "ranks": 2, "seconds_by_kind": {"F": [1.0, 2.0], "I": [0.5, 2.0], "W": [1.0, 3.0]},
+        "bubble_theory": 0.04, "free_communication_idle_fraction": 0.1,
+        "idle_fraction": [0.24, 0.12]}}
+    text = cost_split_report(numbers)
+    assert "rank 0: I/F = 0.50, W/F = 1.00" in text and "rank 1: I/F = 1.00, W/F = 1.50" in text
+    assert "4.0% with I = W = F" in text and "10.0% replaying" in text and "24% 12%" in text
+
+
+def test_resnet_split_tolerance_is_tight_on_the_cpu_only():
+    import torch
+
+    from helpers.model_parallel.resnet import split_tolerance
+
+    assert split_tolerance(torch.device("cpu")) == 1e-6
+    assert split_tolerance(torch.device("cuda", 0)) == 1e-3

@@ -45,3 +45,28 @@ def test_relative_difference():
 def test_bad_arguments(kwargs):
     with pytest.raises(ValueError, match="valid"):
         measure(lambda: None, **kwargs)
+
+
+def test_alternating_timing_interleaves_and_excludes_warmup(monkeypatch):
+    """A B A B: each round times every function once, in order, after the warm-up rounds."""
+    now = [0.0]
+    monkeypatch.setattr(timing, "synchronized_clock", lambda: now[0])
+    order = []
+
+    def make(name, cost):
+        def fn():
+            order.append(name)
+            now[0] += cost
+        return fn
+
+    out = timing.measure_alternating({"a": make("a", 1.0), "b": make("b", 3.0)}, repeats=3, warmup=1)
+    assert order == ["a", "b"] * 4
+    assert out["a"].times == [1.0] * 3 and out["b"].times == [3.0] * 3
+    with pytest.raises(ValueError, match="repeats=0"):
+        timing.measure_alternating({"a": make("a", 1.0)}, repeats=0)
+
+
+def test_within_spread_compares_the_difference_with_both_spreads():
+    a, b = Timing("a", [1.0, 1.2]), Timing("b", [1.2, 1.4])
+    assert timing.within_spread(a, b)  # |1.1 - 1.3| = 0.2 <= 0.141 + 0.141
+    assert not timing.within_spread(a, Timing("c", [1.3, 1.5]))  # 0.3 > 0.283

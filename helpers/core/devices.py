@@ -5,7 +5,8 @@
 In one process (``processes=False``) a lesson gets distinct GPUs when there are enough,
 else one device repeated: ``n`` *logical* devices, the split simulated. Processes
 (``processes=True``) get NCCL only with one GPU per rank, because NCCL refuses two ranks
-on one GPU ("Duplicate GPU detected"); otherwise gloo on the CPU.
+on one GPU ("Multiple Ranks are using the same GPU/Partition" in NCCL 2.30, which this torch
+bundles; "Duplicate GPU detected" in earlier versions); otherwise gloo on the CPU.
 """
 
 from __future__ import annotations
@@ -161,7 +162,7 @@ def _processes(n: int, device: str, backend: str, gpus: int) -> DevicePlan:
         why = "--device cpu was asked for" if device == "cpu" else f"{gpus} GPU(s) for {n} ranks"
         raise ValueError(
             f"backend 'nccl' needs one GPU per rank ({why}); NCCL refuses two ranks on one GPU "
-            f"('Duplicate GPU detected'); valid: backend 'gloo' (CPU)"
+            f"('Multiple Ranks are using the same GPU'); valid: backend 'gloo' (CPU)"
             + (f", or at most {gpus} ranks" if gpus and device != "cpu" else "")
         )
     if device.startswith("cuda") and not gpu_each:
@@ -180,7 +181,7 @@ def _processes(n: int, device: str, backend: str, gpus: int) -> DevicePlan:
     elif gpus:
         reason = (
             f"gloo on the CPU: {n} ranks but only {gpus} GPU(s), and NCCL refuses two ranks on "
-            "one GPU ('Duplicate GPU detected')"
+            "one GPU ('Multiple Ranks are using the same GPU')"
         )
     else:
         reason = "gloo on the CPU: this machine has no CUDA GPU"

@@ -100,6 +100,38 @@ def measure(
     return Timing(label=label, times=times)
 
 
+def measure_alternating(
+    fns: dict[str, Callable[[], object]], *, repeats: int, warmup: int = 1, progress: bool = False
+) -> dict[str, Timing]:
+    """Time several functions in turn (A B A B ...), so that a slow spell of the machine
+    falls on all of them alike instead of on whichever ran during it; ``warmup`` untimed
+    rounds first. One ``Timing`` per label."""
+    if repeats < 1:
+        raise ValueError(f"repeats={repeats!r}; valid: an integer >= 1")
+    if warmup < 0:
+        raise ValueError(f"warmup={warmup!r}; valid: an integer >= 0")
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    rounds: Iterable[int] = range(repeats)
+    if progress and os.environ.get(PROGRESS_ENV) != "final":
+        from tqdm import tqdm
+
+        rounds = tqdm(rounds, desc=" / ".join(fns), unit="round", mininterval=0.5)
+    times: dict[str, list[float]] = {label: [] for label in fns}
+    for _ in rounds:
+        for label, fn in fns.items():
+            start = synchronized_clock()
+            fn()
+            times[label].append(synchronized_clock() - start)
+    return {label: Timing(label=label, times=t) for label, t in times.items()}
+
+
+def within_spread(a: Timing, b: Timing) -> bool:
+    """Whether the means differ by no more than the two runs' spreads together."""
+    return abs(a.mean - b.mean) <= a.std + b.std
+
+
 def relative_difference(candidate: Timing, reference: Timing) -> float:
     """(candidate - reference) / reference of the means: +0.07 means 7% slower."""
     return (candidate.mean - reference.mean) / reference.mean

@@ -3,7 +3,7 @@
 ``record_actions`` wraps, on this process's stage objects, the three methods every
 schedule calls to compute: ``forward_one_chunk`` (F), ``backward_one_chunk`` (B, or I
 when a zero-bubble schedule asks for the input gradient only) and
-``backward_weight_one_chunk`` (W), and the schedules' wait for received tensors
+``backward_weight_one_chunk`` (W), and the schedules' wait for sends and receives to complete
 (``_wait_batch_p2p``, a private function: ``check_instrumentable`` fails loudly if a torch
 upgrade removes it). Times come from ``time.monotonic_ns``, one clock for all processes
 of a machine, so ranks' events line up; on a GPU each action ends with a synchronize, so
@@ -54,7 +54,7 @@ def check_instrumentable(stage: object | None = None) -> None:
 @contextlib.contextmanager
 def record_actions(rank: int, stages: Sequence[object], meter: object | None = None,
                    clock=time.monotonic_ns) -> Iterator[list[Action]]:
-    """Record every compute action of ``stages`` and every receive wait, into the yielded list.
+    """Record every compute action of ``stages`` and every communication wait, into the list.
 
     ``meter`` (a ``helpers.memory.SavedTensorMeter``) adds the live activation bytes
     after each action.

@@ -176,7 +176,7 @@ def pipeline_section(
         devices=plan_devices(stages, processes=True).devices,
     )
     runs = [("gpipe", microbatches), ("1f1b", microbatches)]
-    runs += [("gpipe", m) for m in sorted(set(sweep) - {microbatches})]
+    runs += [("gpipe", m) for m in sorted(set(sweep) - {microbatches} | {1})]
     piped = pipelined_runs(batch, image_size, stages, runs, cut, steps=repeats, warmup=warmup)
     timed = timings_by_run(piped)
     gpipe = timed[("gpipe", microbatches)]
@@ -192,7 +192,9 @@ def pipeline_section(
         "pipelined_s": gpipe.mean,
         "speedup": single.mean / gpipe.mean,
         "ideal_speedup": ideal_speedup(stages, microbatches),
-        "efficiency": single.mean / gpipe.mean / ideal_speedup(stages, microbatches),
+        # like for like: the same processes with one micro-batch (nothing overlaps)
+        "speedup_over_m1": timed[("gpipe", 1)].mean / gpipe.mean,
+        "efficiency": timed[("gpipe", 1)].mean / gpipe.mean / ideal_speedup(stages, microbatches),
         "naive_vs_single": (local["naive_mp"].mean - single.mean) / single.mean,
         "std_s": {"single": single.std, "naive_mp": local["naive_mp"].std, "pipelined": gpipe.std},
         "single_all_threads_s": local["single_threads"].mean if "single_threads" in local else None,

@@ -19,7 +19,11 @@ def split_size_chart(
     *,
     title: str = "",
 ) -> Path:
-    """Measured pipelined step time per M (mean +- std) beside single_time / ideal speed-up."""
+    """Measured pipelined step time per M (mean +- std) beside the ideal: the same processes'
+    M = 1 time divided by K·M/(M+K-1); ``single`` (one process) drawn as a reference line."""
+    if ("gpipe", 1) not in runs:
+        raise ValueError(f"the ideal needs the GPipe run at M=1; timed runs: {sorted(runs)}")
+    base = runs[("gpipe", 1)]
     fig, ax = plt.subplots(figsize=(6, 3.8))
     for schedule, name, marker in (("gpipe", "GPipe", "o"), ("1f1b", "1F1B", "s")):
         points = sorted((m, t) for (s, m), t in runs.items() if s == schedule)
@@ -35,9 +39,9 @@ def split_size_chart(
     counts = sorted({m for _, m in runs})
     ax.plot(
         counts,
-        [single.mean / ideal_speedup(stages, m) for m in counts],
+        [base.mean / ideal_speedup(stages, m) for m in counts],
         "k--",
-        label="ideal: single / (K·M/(M+K-1))",
+        label="ideal: (M=1 time) / (K·M/(M+K-1))",
     )
     ax.axhline(single.mean, color="gray", linestyle=":", label=single.label)
     ax.set_xscale("log", base=2)

@@ -90,3 +90,19 @@ def schedules_section(ranks: int = 2, microbatches: int = 8, batch: int = 1024,
     return {"sizes": {"ranks": ranks, "microbatches": microbatches, "batch": batch,
                       "width": width, "blocks": blocks, "steps": steps},
             "backend": result["backend"], **numbers}
+
+
+def cost_split_report(numbers: dict[str, dict], schedule: str = "zero_bubble") -> str:
+    """Where zero bubble's idle time comes from: its measured I/F and W/F per rank, then its
+    idle share three ways (the formula with I = W = F, the same order replayed with the
+    measured costs and free sends, and measured)."""
+    n = numbers[schedule]
+    seconds = n["seconds_by_kind"]
+    lines = [f"{schedule}, rank {r}: I/F = {seconds['I'][r] / seconds['F'][r]:.2f}, "
+             f"W/F = {seconds['W'][r] / seconds['F'][r]:.2f} (the formula assumes 1 and 1)"
+             for r in range(n["ranks"])]
+    lines.append(f"idle share: {n['bubble_theory']:.1%} with I = W = F (formula and replay); "
+                 f"{n['free_communication_idle_fraction']:.1%} replaying the same order with "
+                 "this run's measured costs and free sends; measured per rank: "
+                 + " ".join(f"{x:.0%}" for x in n["idle_fraction"]))
+    return "\n".join(lines)

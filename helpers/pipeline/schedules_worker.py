@@ -3,7 +3,7 @@
 Every rank builds the same MLP stack, keeps its chunks, and for each schedule first proves
 one training step against the one-process step with gradients accumulated over the same
 micro-batches, then times ``--steps`` steps, recording every stage action (F, B, I, W and
-receive waits) and the live activation bytes of the last one. Rank 0 returns JSON.
+send and receive waits) and the live activation bytes of the last one. Rank 0 returns JSON.
 """
 
 from __future__ import annotations

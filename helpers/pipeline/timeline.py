@@ -18,7 +18,7 @@ from helpers.pipeline.events import COMPUTE
 
 COLOURS = {"F": "#4c72b0", "B": "#dd8452", "I": "#e8a87c", "W": "#55a868", "wait": "#bbbbbb"}
 NAMES = {"F": "forward", "B": "backward", "I": "backward, input gradient",
-         "W": "backward, weight gradient", "wait": "waiting for a receive"}
+         "W": "backward, weight gradient", "wait": "waiting for a send or receive to complete"}
 COST = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
 
 

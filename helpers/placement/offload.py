@@ -118,6 +118,41 @@ def accelerate_balanced_memory(
     return balanced
 
 
+def accelerate_without_max_memory(
+    model: nn.Module,
+    free: Mapping[Device, int],
+    *,
+    strategy: str = "auto",
+    no_split: list[str] | None = None,
+) -> tuple[dict[Device, int], dict[str, Device]]:
+    """What ``from_pretrained(device_map=strategy)`` plans when no ``max_memory`` is given,
+    on a machine whose free memory per device is ``free`` (simulated: accelerate's
+    ``get_max_memory`` is made to read ``free``). Returns the budgets the fill used and
+    the map. Without ``max_memory``, ``get_balanced_memory`` keeps 10% of a single GPU
+    free; ``"sequential"`` fills what is free as it is.
+    """
+    accelerate = require("accelerate", "device_map='auto' planning")
+    modeling = require("accelerate.utils.modeling", "device_map='auto' planning")
+    if no_split is None:
+        no_split = list(getattr(model, "_no_split_modules", None) or [])
+    budgets = dict(free)
+    if check_strategy(strategy) != "sequential":
+        original = modeling.get_max_memory
+        modeling.get_max_memory = lambda max_memory=None: dict(free if max_memory is None
+                                                               else max_memory)
+        try:
+            with quiet_logs(ACCELERATE_LOGGERS, "is not available, available devices are"):
+                budgets = dict(modeling.get_balanced_memory(
+                    model, None, no_split_module_classes=no_split,
+                    low_zero=strategy == "balanced_low_0"))
+        finally:
+            modeling.get_max_memory = original
+    with quiet_logs(ACCELERATE_LOGGERS, "is not available, available devices are"):
+        plan = dict(accelerate.infer_auto_device_map(model, max_memory=budgets,
+                                                     no_split_module_classes=no_split))
+    return budgets, plan
+
+
 def accelerate_device_map(
     model: nn.Module,
     max_memory: Mapping[Device, int | str],
