@@ -6,7 +6,8 @@ The infrastructure
   device/backend/dtype decision), ``timing``, ``sizes``, ``checks`` (snapshots and
   step comparisons), ``plotting``, ``show``, ``optional``.
 - ``distributed``: ``launcher`` (torchrun from a notebook, safely), ``multinode`` (several
-  nodes' torchrun agents on one machine) and ``ranks`` (the rank's side).
+  nodes' torchrun agents on one machine), ``ranks`` (the rank's side) and ``lifeline``
+  (launched agents and ranks end when the process that launched them dies).
 - ``tools``: ``run_notebooks`` (``make run``/``make refresh``), ``bench`` (``make bench``),
   ``gpu_check`` (``make gpu-check``, whose steps live in the ``gpu_check`` package),
   ``website`` (``make site``/``make site-check``: the course as a checked static website),
@@ -18,7 +19,8 @@ The lessons
 - 02 ``model_parallel.stages``, ``model_parallel.resnet``: a K-stage split of any layer list;
   ResNet50 and its training loop.
 - 03 ``pipeline.schedule``, ``pipeline.balance``, ``pipeline.stage_worker``,
-  ``pipeline.measure``, ``pipeline.plots``: micro-batches, balanced cuts, one process per stage.
+  ``pipeline.measure``, ``pipeline.speedup``, ``pipeline.plots``: micro-batches, balanced
+  cuts, one process per stage, the speed-up against the same processes at M = 1.
 - 04 ``pipeline.mlp_stack``, ``pipeline.events``, ``pipeline.schedules_worker``,
   ``pipeline.timeline``, ``pipeline.schedules_run``: four schedules, timed action by action.
 - 05 ``placement.sizing``, ``placement.balance``, ``placement.planner``, ``placement.report``,

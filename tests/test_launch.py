@@ -130,3 +130,66 @@ def test_a_worker_started_without_torchrun_says_how_to_launch_it(module):
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1, run.stderr
     assert f"launch it with `torchrun --nproc-per-node=2 -m {module}" in lines[0]
+
+
+def _children(pid: int) -> list[int]:
+    """Pids whose parent is ``pid`` (read from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(") ", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _running(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat")
+    try:
+        return stat.read_text().rsplit(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux's")
+def test_a_launch_ends_when_its_launching_process_is_killed_hard(tmp_path):
+    """SIGKILL the process that called ``launch`` mid-launch (as a crashed kernel would die):
+    the torchrun agent and both ranks (one of them hanging) must end too."""
+    import signal
+    import time
+
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    script = (
+        "from helpers.distributed.launcher import launch\n"
+        f"launch('launch_probe', ['hang'], nproc=2, timeout=600, log_dir={str(tmp_path / 'logs')!r},"
+        f" env={{'PYTHONPATH': {str(HERE)!r}, 'PROBE_PID_DIR': {str(pids)!r}}})\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(pids.glob("*.pid"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        ranks = [int(p.read_text()) for p in pids.glob("*.pid")]
+        assert len(ranks) == 2, "the ranks never started"
+        agents = _children(parent.pid)
+        assert agents, "no torchrun agent under the launching process"
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 20
+        while any(_running(p) for p in agents + ranks) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in agents + ranks if _running(p)], "processes outlived their launcher"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+
+
+def test_die_with_parent_says_when_it_cannot(monkeypatch):
+    from helpers.distributed import lifeline
+
+    monkeypatch.setattr(lifeline.sys, "platform", "darwin")
+    assert lifeline.die_with_parent() is False

@@ -8,7 +8,9 @@ subprocess of a module in ``helpers``; this launcher
 - writes one log file per rank (``torchrun --log-dir ... --redirects 3``) under
   results/logs/, kept when a launch fails and removed after a success,
 - returns rank 0's JSON result,
-- kills the whole process group on timeout, on error and on interrupt, and
+- kills the whole process group on timeout, on error and on interrupt,
+- ends the job when the launching process itself dies, however it dies
+  (``helpers.distributed.lifeline``), and
 - on failure raises an error naming the failing rank, with the tail of its log.
 """
 
@@ -29,6 +31,7 @@ from pathlib import Path
 
 from helpers.core.errors import LaunchError
 from helpers.core.paths import display_path, results_path
+from helpers.distributed.lifeline import child_of_this_process
 from helpers.distributed.ranks import RESULT_ENV
 
 LOG_DIR_ENV = "TUTORIAL_LOG_DIR"  # where launches keep their logs (default: results/logs)
@@ -201,6 +204,7 @@ def _launch_once(module, args, nproc, timeout, threads_per_rank, port, log_dir, 
             stderr=subprocess.STDOUT,
             env=child_env(result_file, threads_per_rank, env),
             start_new_session=True,
+            preexec_fn=child_of_this_process(),  # the agent dies with us; each rank with it
         )
         try:
             code = proc.wait(timeout=timeout)

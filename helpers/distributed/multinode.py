@@ -30,6 +30,7 @@ from helpers.distributed.launcher import (
     root_cause,
     tail,
 )
+from helpers.distributed.lifeline import child_of_this_process
 
 RENDEZVOUS = ("static", "c10d")
 
@@ -92,7 +93,8 @@ def _start(cmd: list[str], log: Path, env: dict) -> subprocess.Popen:
     with open(log, "w") as out:  # the child keeps its own handle
         agent = [sys.executable, "-m", "torch.distributed.run", *cmd[1:]]
         return subprocess.Popen(
-            agent, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            agent, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            preexec_fn=child_of_this_process(),  # the agent dies with us; each rank with it
         )
 
 

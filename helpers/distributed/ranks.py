@@ -18,6 +18,7 @@ import torch.distributed as dist
 from helpers.core.devices import plan_devices
 from helpers.core.errors import NotUnderTorchrunError, TutorialError
 from helpers.core.files import atomic_write_json
+from helpers.distributed.lifeline import die_with_parent
 
 RESULT_ENV = "TUTORIAL_RESULT_FILE"
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -48,8 +49,13 @@ class Rank:
 
 
 def init_rank(module: str = "this module", *, device: str = "auto", backend: str = "auto") -> Rank:
-    """Join the process group that ``torchrun`` set up (env:// rendezvous)."""
+    """Join the process group that ``torchrun`` set up (env:// rendezvous).
+
+    The rank first asks to be killed when its torchrun agent dies, so that no rank
+    outlives a launch whose agent was killed (``helpers.distributed.lifeline``).
+    """
     world_size = torchrun_world_size(module)
+    die_with_parent()
     local_rank = int(os.environ["LOCAL_RANK"])
     plan = plan_devices(world_size, processes=True, device=device, backend=backend)
     local = plan.devices[0]
