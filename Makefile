@@ -24,7 +24,7 @@ $(SITE_STAMP): requirements-site.txt requirements.txt
 
 ## run: execute every lesson headless; executed notebooks and figures go to results/
 run: $(STAMP)
-	$(PY) -m helpers.tools.run_notebooks
+	$(PY) -m course_tools.run_notebooks
 
 ## test: unit tests, then nbval over notebooks/ (small profile, CPU, as stored)
 test: $(STAMP)
@@ -36,17 +36,17 @@ lab: $(STAMP)
 
 ## refresh: re-execute the lessons in place (small profile, CPU) to update nbval's reference
 refresh: $(STAMP)
-	TUTORIAL_PROFILE=small CUDA_VISIBLE_DEVICES= $(PY) -m helpers.tools.run_notebooks --in-place
+	TUTORIAL_PROFILE=small CUDA_VISIBLE_DEVICES= $(PY) -m course_tools.run_notebooks --in-place
 
 ## bench: the measurements without notebooks; writes results/bench.json
 bench: $(STAMP)
-	$(PY) -m helpers.tools.bench
+	$(PY) -m course_tools.bench
 
 ## gpu-check: on a CUDA machine, every lesson's proof and measurement in one run (no install
 ## step); writes results/gpu_check.json and .md; e.g. ARGS="--budget 300" or ARGS=--smoke
 gpu-check:
-	@if [ -x $(PY) ]; then $(PY) -m helpers.tools.gpu_check $(ARGS); \
-	else python3 -m helpers.tools.gpu_check $(ARGS); fi
+	@if [ -x $(PY) ]; then $(PY) -m course_tools.gpu_check $(ARGS); \
+	else python3 -m course_tools.gpu_check $(ARGS); fi
 
 ## mutants: mutation testing (mutmut) of the correctness-critical helpers with their fast
 ## unit tests, set in pyproject's [tool.mutmut]; lists the mutants that survive and the score
@@ -54,22 +54,22 @@ mutants: $(STAMP)
 	$(PY) -m pip install --quiet mutmut==3.8.1
 	rm -rf mutants
 	OMP_NUM_THREADS=1 TUTORIAL_PROFILE=small CUDA_VISIBLE_DEVICES= $(VENV)/bin/mutmut run --max-children 1
-	$(PY) -m helpers.tools.mutation_report
+	$(PY) -m course_tools.mutation_report
 
 ## site: the course as a static website in results/site/ (open results/site/index.html), built
 ## from the stored, executed notebooks in seconds (nothing re-runs); refuses a lesson stored
 ## unexecuted or with an error output
 site: $(SITE_STAMP)
-	$(PY) -m helpers.tools.website.build
+	$(PY) -m course_tools.website.build
 
 ## site-check: the built site in headless Chromium (Debian's chromium, or CHROMIUM=path): per
 ## page no console error, no failed or outside request, images decoded, math typeset, links
 ## resolved; screenshots in results/site/screens/; first proves on a broken site it can fail
 site-check: site
-	$(PY) -m helpers.tools.website.check --self-test
+	$(PY) -m course_tools.website.check --self-test
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check helpers tests solutions notebooks
+	$(VENV)/bin/ruff check helpers course_tools tests solutions notebooks
 
 clean:
 	rm -rf results

@@ -8,10 +8,9 @@ The infrastructure
 - ``distributed``: ``launcher`` (torchrun from a notebook, safely), ``multinode`` (several
   nodes' torchrun agents on one machine), ``ranks`` (the rank's side) and ``lifeline``
   (launched agents and ranks end when the process that launched them dies).
-- ``tools``: ``run_notebooks`` (``make run``/``make refresh``), ``bench`` (``make bench``),
-  ``gpu_check`` (``make gpu-check``, whose steps live in the ``gpu_check`` package),
-  ``website`` (``make site``/``make site-check``: the course as a checked static website),
-  ``glossary`` (the rules that keep docs/glossary.md and the lessons in step).
+
+What runs the course without being taught (the notebook runner, the bench, the GPU check,
+the website, the glossary rules) lives beside this package, in ``course_tools``.
 
 The lessons
 - 01 ``model_parallel.toy``, ``model_parallel.transfer``: a toy model on two devices; moving
@@ -34,7 +33,7 @@ The lessons
   ``tensor_parallel.runs`` (their launches, on one node or several).
 - every lesson ``memory``: ``ledger``, ``measure`` and ``saved`` (one step, counted),
   ``estimate``, ``layer_rules`` and ``transformer`` (predicted from shapes), ``cuts``,
-  ``fits`` (what fits where), ``plots``, ``bench``.
+  ``fits`` (what fits where), ``plots``.
 - every lesson ``exercises``: ``feedback`` (the verdicts and the ``checker`` decorator), one
   checker module per topic (``model_parallel`` 01-02, ``pipeline`` 03-04, ``placement`` 05,
   ``tensor_parallel`` 06, ``torchrun`` 07), ``two_ranks`` (a real gloo group as threads) and

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.core.paths import REPO_ROOT
-from helpers.tools.glossary import (
+from course_tools.glossary import (
     GLOSSARY,
     bold_terms,
     glossary_links,
@@ -16,6 +15,7 @@ from helpers.tools.glossary import (
     read_glossary,
     slug,
 )
+from helpers.core.paths import REPO_ROOT
 
 LESSONS = sorted((REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 SMALL = """# Glossary

@@ -8,18 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from helpers.gpu_check.catalog import STEPS
-from helpers.gpu_check.cli import main
-from helpers.gpu_check.context import Step, StepSkipped
-from helpers.gpu_check.report import report_writer
-from helpers.gpu_check.runner import run_steps
+from course_tools.gpu_check.catalog import STEPS
+from course_tools.gpu_check.cli import main
+from course_tools.gpu_check.context import Step, StepSkipped
+from course_tools.gpu_check.report import report_writer
+from course_tools.gpu_check.runner import run_steps
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def gpu_check(*args: str, timeout: float) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "helpers.tools.gpu_check", *args],
+        [sys.executable, "-m", "course_tools.gpu_check", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -105,9 +105,9 @@ def test_bad_budget_is_a_clear_argparse_error(value, capsys):
 
 
 def test_every_step_has_its_function_and_smoke_launches_k2_only():
-    from helpers.gpu_check.catalog import step_functions
-    from helpers.gpu_check.context import FULL, SMOKE
-    from helpers.gpu_check.steps_pipeline import skip_reason
+    from course_tools.gpu_check.catalog import step_functions
+    from course_tools.gpu_check.context import FULL, SMOKE
+    from course_tools.gpu_check.steps_pipeline import skip_reason
 
     assert list(step_functions()) == [s.name for s in STEPS]
     assert skip_reason(4, 2, FULL.cpu_stages).startswith("2 CPU core(s)")  # cores come first
@@ -125,11 +125,11 @@ def test_help_describes_every_step_and_the_budget():
 
 
 def gpu_check_imports() -> list[str]:
-    """helpers.gpu_check's modules and every helpers module they import, inside steps too."""
-    names = {"helpers.tools.gpu_check"}
-    for path in sorted((ROOT / "helpers" / "gpu_check").glob("*.py")):
+    """course_tools.gpu_check's modules and every helpers module they import, inside steps too."""
+    names = {"course_tools.gpu_check"}
+    for path in sorted((ROOT / "course_tools" / "gpu_check").glob("*.py")):
         if path.stem != "__main__":  # it runs the check when imported
-            names.add(f"helpers.gpu_check.{path.stem}".removesuffix(".__init__"))
+            names.add(f"course_tools.gpu_check.{path.stem}".removesuffix(".__init__"))
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("helpers."):
                 names.add(node.module)
@@ -138,7 +138,7 @@ def gpu_check_imports() -> list[str]:
 
 def test_importing_the_runner_imports_no_notebook_machinery():
     modules = gpu_check_imports()
-    assert "helpers.tensor_parallel.runs" in modules and "helpers.gpu_check.runner" in modules
+    assert "helpers.tensor_parallel.runs" in modules and "course_tools.gpu_check.runner" in modules
     code = (
         f"import importlib, sys; [importlib.import_module(m) for m in {modules!r}]; "
         "bad = {'IPython', 'nbformat', 'nbclient', 'torchsummary'} & set(sys.modules); "
@@ -148,6 +148,7 @@ def test_importing_the_runner_imports_no_notebook_machinery():
     assert result.returncode == 0, result.stderr[-2000:]
 
 
+@pytest.mark.torchrun
 @pytest.mark.slow
 def test_smoke_run_passes_every_step(tmp_path):
     result = gpu_check("--smoke", "--out", str(tmp_path), "--budget", "3000", timeout=900)

@@ -32,6 +32,7 @@ def nodes(tmp_path):
     return run
 
 
+@pytest.mark.torchrun
 @pytest.mark.parametrize("rendezvous,nproc", [("static", 1), ("c10d", 2)])
 def test_two_nodes_form_one_world(nodes, rendezvous, nproc):
     result = nodes(nnodes=2, nproc_per_node=nproc, rendezvous=rendezvous)
@@ -40,6 +41,7 @@ def test_two_nodes_form_one_world(nodes, rendezvous, nproc):
     assert len(list(nodes.pids.glob("*.pid"))) == world and not alive(nodes.pids)
 
 
+@pytest.mark.torchrun
 def test_a_failing_rank_on_the_second_node_is_named(nodes):
     with pytest.raises(LaunchError, match=r"node 1 failed .* on rank 1") as info:
         nodes("crash", nnodes=2, nproc_per_node=1)
@@ -47,6 +49,7 @@ def test_a_failing_rank_on_the_second_node_is_named(nodes):
     assert not alive(nodes.pids)
 
 
+@pytest.mark.torchrun
 @pytest.mark.parametrize("rendezvous", ["static", "c10d"])
 def test_a_node_that_never_comes_ends_in_a_rendezvous_timeout(nodes, rendezvous):
     start = time.monotonic()

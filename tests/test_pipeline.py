@@ -112,6 +112,7 @@ def test_balanced_resnet_cut_is_the_best_block_boundary():
     )
 
 
+@pytest.mark.torchrun
 def test_two_process_pipeline_equals_one_process():
     """torch.distributed.pipelining with gloo: same loss, gradients and weights; 1F1B keeps
     at most K micro-batches' activations on the first stage, GPipe all M."""
@@ -139,6 +140,7 @@ def test_two_process_pipeline_equals_one_process():
     assert piped["backend"] == "gloo"
 
 
+@pytest.mark.torchrun
 def test_more_processes_than_stages_is_a_clear_error():
     with pytest.raises(LaunchError, match="failed") as info:
         pipelined_runs(

@@ -20,7 +20,14 @@ from helpers.placement.offload import (
     remove_offload_folder,
     write_offload_folder,
 )
-from helpers.placement.planner import map_differences, plan_device_map, tensor_devices
+from helpers.placement.planner import (
+    device_of,
+    largest_layer,
+    map_differences,
+    parts_of,
+    plan_device_map,
+    tensor_devices,
+)
 from helpers.placement.report import plot_plans, usage_table
 from helpers.placement.sizing import module_sizes, parse_budgets, parse_size
 from helpers.placement.tiny_lm import LLAMA_7B, LMConfig, TinyLM, build_lm
@@ -87,6 +94,23 @@ def test_budgets_are_ordered_gpus_then_cpu_then_disk():
 def test_empty_budget_is_refused(lm):
     with pytest.raises(ValueError, match="max_memory is empty"):
         plan_device_map(lm, {})
+
+
+def test_size_messages_name_the_value_and_what_is_missing():
+    with pytest.raises(ValueError, match=r"^size = 'abc' is not a size; valid forms: an int"):
+        parse_size("abc")
+    with pytest.raises(
+        ValueError, match=r"^size = ' 10 ' is not a size \(a string needs a unit\);"
+    ):
+        parse_size(" 10 ")
+    with pytest.raises(ValueError, match=r"^size = 2\.5 is a float; valid forms"):
+        parse_size(2.5)
+    with pytest.raises(ValueError, match=r"write '10GB' for bytes;"):
+        parse_size("10Gb")
+    with pytest.raises(ValueError, match=r"^max_memory\['cpu'\] = 'lots' is not a size;"):
+        parse_budgets({"cpu": "lots"})
+    with pytest.raises(ValueError, match=r"^unknown device 'gpu' in max_memory; valid: GPU"):
+        parse_budgets({"gpu": 1})
 
 
 # ---- the planner ---------------------------------------------------------------------
@@ -158,6 +182,48 @@ def test_reserve_holds_back_the_largest_layer_on_main_devices(lm):
     assert reserved.reserved[0] == block and 1 not in reserved.reserved  # GPU 1 is not main
     gpu1 = plan_device_map(lm, {1: sizes["embed"] + 3 * block, "cpu": 10**9})
     assert gpu1.on(1) == reserved.on(0) and gpu1.reserved[1] == block  # first GPU listed: main
+
+
+class _Scaled(nn.Module):
+    """Own parameter, a child with buffers, own buffer: parts come in that order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(2))
+        self.norm = nn.BatchNorm1d(2)
+        self.register_buffer("step", torch.zeros(1))
+
+
+def test_parts_and_sizes_of_a_module():
+    assert [n for n, _ in parts_of(_Scaled())] == ["scale", "norm", "step"]
+    assert [n for n, _ in parts_of(_Scaled(), "m")] == ["m.scale", "m.norm", "m.step"]
+    sizes = module_sizes(nn.Linear(4, 4))
+    assert sizes == {"": 80, "weight": 64, "bias": 16}
+    assert largest_layer([], {}, []) == 0
+
+
+def test_planner_on_a_model_without_no_split_modules_and_on_cpu_or_disk_alone():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))  # 288 bytes each
+    plan = plan_device_map(model, {"cpu": 1000}, reserve_largest_layer=True)
+    assert plan.device_map == {"0": "cpu", "1": "cpu"}
+    assert plan.reserved == {"cpu": 0}  # nothing left to place after the last layer
+    assert plan.sizes == module_sizes(model)
+    tight = plan_device_map(model, {"cpu": 500, "disk": 1000}, reserve_largest_layer=True)
+    assert tight.device_map == {"0": "disk", "1": "disk"}  # the CPU holds room for layer 1
+    assert tight.reserved == {"cpu": 288}
+    on_disk = plan_device_map(model, {"disk": 576}, reserve_largest_layer=True)
+    assert on_disk.device_map == {"0": "disk", "1": "disk"}
+    assert on_disk.reserved == {}  # disk is never a main device
+
+
+def test_device_of_an_unmapped_tensor_names_it_and_the_keys():
+    assert device_of("a.b.weight", {"a": 0, "a.b": "cpu"}) == "cpu"
+    assert device_of("z.weight", {"": "disk"}) == "disk"
+    with pytest.raises(
+        KeyError, match=r"'x\.y' is in no module of the device map \(keys: \['a'\]\)"
+    ):
+        device_of("x.y", {"a": 0})
 
 
 # ---- agreement with accelerate -------------------------------------------------------
@@ -363,6 +429,32 @@ def test_7b_on_the_meta_device_agrees_with_accelerate(dtype):
     assert map_differences(big, ours.device_map, theirs) == []
     on_gpu = set(ours.device_map.values()) == {0}
     assert on_gpu == (dtype != torch.float32)  # 27 GB in float32 does not fit 24 GiB
+
+
+def test_balanced_budgets_follow_accelerate_with_the_given_no_split_and_dtype():
+    from accelerate.utils import get_balanced_memory
+
+    from helpers.placement.tiny_lm import LMConfig, build_lm
+
+    lm = build_lm(LMConfig(vocab=512, hidden=64, blocks=4, ffn=256, heads=2), seed=0)
+    total = module_sizes(lm)[""]
+    asked = {0: total, 1: total, "cpu": total}
+    for no_split, dtype in ((["Block"], None), ([], None), (["Block"], torch.float16)):
+        plan = plan_device_map(lm, asked, strategy="balanced", no_split=no_split, dtype=dtype)
+        reference = get_balanced_memory(
+            lm, max_memory=dict(asked), no_split_module_classes=no_split, dtype=dtype
+        )
+        assert plan.budgets == reference and plan.strategy == "balanced"
+        assert plan.max_memory == asked
+    tight = {0: total, 1: total // 5}
+    assert set(plan_device_map(lm, tight, strategy="sequential").device_map.values()) == {0}
+    balanced = get_balanced_memory(lm, max_memory=dict(tight), no_split_module_classes=["Block"])
+    with pytest.raises(DoesNotFitError) as error:
+        plan_device_map(lm, tight)  # "auto" balances GPU 0 down first: the model no longer fits
+    assert f"max_memory = {tight!r} (balanced by 'auto': {balanced!r}); valid:" in str(error.value)
+    with pytest.raises(DoesNotFitError) as error:
+        plan_device_map(lm, {0: total // 3, 1: total // 3})  # balancing changes nothing here
+    assert f"max_memory = {dict.fromkeys((0, 1), total // 3)!r}; valid:" in str(error.value)
 
 
 # ---- dispatch with disk offload ------------------------------------------------------

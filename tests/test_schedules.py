@@ -127,6 +127,7 @@ def test_bad_choices_are_refused_before_any_launch(args, words, monkeypatch):
                          blocks=blocks, steps=1)
 
 
+@pytest.mark.torchrun
 @pytest.mark.slow
 def test_every_schedule_is_proven_and_timed_on_two_ranks():
     from helpers.pipeline.schedules_run import schedule_numbers

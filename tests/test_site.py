@@ -10,12 +10,12 @@ import shutil
 
 import pytest
 
+from course_tools.website import SiteError, build, check, sources
+from course_tools.website.links import check_css, check_links, check_loads, is_external
+from course_tools.website.notebooks import check_all, check_executed, lesson_notebooks
+from course_tools.website.selftest import EXPECTED, missed, run_self_test
+from course_tools.website.sphinx_ext import download_html
 from helpers.core.paths import NOTEBOOKS_DIR, REPO_ROOT
-from helpers.tools.website import SiteError, build, check, sources
-from helpers.tools.website.links import check_css, check_links, check_loads, is_external
-from helpers.tools.website.notebooks import check_all, check_executed, lesson_notebooks
-from helpers.tools.website.selftest import EXPECTED, missed, run_self_test
-from helpers.tools.website.sphinx_ext import download_html
 
 
 def notebook(path, cells):

@@ -6,6 +6,7 @@ from torch import nn
 
 from helpers.core.checks import compare_training_step
 from helpers.core.sizes import parameter_count
+from helpers.memory.saved import SavedTensorMeter
 from helpers.model_parallel.resnet import (
     model_parallel_resnet50,
     one_hot_labels,
@@ -14,9 +15,14 @@ from helpers.model_parallel.resnet import (
     split_points_at,
     train,
 )
-from helpers.model_parallel.stages import StagedModel, check_split_points, stage_bytes
+from helpers.model_parallel.stages import (
+    StagedModel,
+    check_split_points,
+    input_device,
+    stage_bytes,
+)
 
-CPU = torch.device("cpu")
+CPU, META = torch.device("cpu"), torch.device("meta")
 
 
 def _mlp_layers(n: int = 6) -> list[tuple[str, nn.Module]]:
@@ -104,3 +110,68 @@ def test_training_loop_updates_every_stage():
     assert torch.isfinite(torch.tensor(loss))
     after = [model.stages[0].conv1.weight, model.stages[1].fc.weight]
     assert all(not torch.equal(b, a) for b, a in zip(before, after, strict=True))
+
+
+def _layers() -> list[tuple[str, nn.Module]]:
+    torch.manual_seed(0)
+    return [("l0", nn.Linear(4, 6)), ("act", nn.Tanh()), ("l1", nn.Linear(6, 3))]
+
+
+def test_split_point_messages_give_the_valid_range():
+    with pytest.raises(ValueError, match=r"valid: at most 3 stages \(2 split points\)$"):
+        check_split_points([1, 2, 3], 3)
+    with pytest.raises(ValueError, match=r"\(2 then 1\); valid: each cut after the previous one$"):
+        check_split_points([2, 1], 3)
+
+
+class _Where(nn.Module):
+    """Passes its input through, noting the device it arrived on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[torch.device] = []
+
+    def forward(self, x):
+        self.seen.append(x.device)
+        return x
+
+
+def test_each_stage_lives_on_its_device_and_the_activation_follows():
+    staged = StagedModel(_layers(), [2], [CPU, META])
+    assert staged.stages[0].l0.weight.device == CPU
+    assert staged.stages[1].l1.weight.device == META
+    first, second = _Where(), _Where()
+    out = StagedModel([("a", first), ("b", second)], [1], [CPU, META])(torch.randn(5, 4))
+    assert first.seen == [CPU] and second.seen == [META] and out.device == META
+    assert input_device(staged) == CPU
+    assert input_device(StagedModel(_layers(), [1], [META, CPU])) == META
+    assert input_device(nn.Linear(2, 2, device=META)) == META  # not staged: first parameter
+
+
+def saved_activation_bytes(model: StagedModel, x: torch.Tensor) -> list[int]:
+    """Peak bytes kept for backward per stage, for one training-mode forward (the meter's)."""
+    parts = {str(k): stage for k, stage in enumerate(model.stages)}
+    model.train()
+    with SavedTensorMeter(model, parts) as meter:
+        model(x)
+        return [meter.peak.get(name, 0) for name in parts]
+
+
+def test_saved_activations_are_counted_once_per_stage_without_the_weights():
+    torch.manual_seed(0)
+    x = torch.randn(5, 4)  # 80 bytes; the Tanh output is 5 x 6 floats = 120 bytes
+    cut_after_tanh = StagedModel(_layers(), [2], [CPU, CPU])
+    # stage 0: l0 keeps its input, Tanh its output; stage 1: l1 keeps that output again
+    assert saved_activation_bytes(cut_after_tanh, x) == [200, 120]
+    cut_before_tanh = StagedModel(_layers(), [1], [CPU, CPU])
+    # stage 1: Tanh's output and l1's input are one tensor, counted once
+    assert saved_activation_bytes(cut_before_tanh, x) == [80, 120]
+    layers = [*_layers()[:2], ("drop", nn.Dropout(0.5)), ("l1", nn.Linear(6, 3))]
+    dropping = StagedModel(layers, [2], [CPU, CPU])
+    per_stage = saved_activation_bytes(dropping, x)  # dropout keeps its mask in training
+    assert per_stage[0] == 200 and per_stage[1] > 120
+    where = _Where()
+    assert saved_activation_bytes(
+        StagedModel([("a", _Where()), ("b", where)], [1], [CPU, META]), x
+    ) == [0, 0]
+    assert where.seen == [META]  # the activation went to the next stage's device

@@ -1,4 +1,4 @@
-"""The code the lessons teach from stays ruff-clean (helpers, tests and notebooks)."""
+"""Both packages stay ruff-clean, short and acyclic; the taught one imports no tooling."""
 
 import re
 import shutil
@@ -9,6 +9,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("helpers", "course_tools")  # what the lessons import, and what runs the course
+TOOLING = re.compile(
+    r"^\s*(?:from|import)\s+(course_tools|sphinx|playwright|mutmut|nbclient|nbformat|jupyter_book"
+    r"|docutils)\b",
+    re.M,
+)
 
 
 def test_ruff_check_passes():
@@ -16,19 +22,25 @@ def test_ruff_check_passes():
     if ruff is None:
         pytest.skip("ruff is not installed (it is in requirements.txt)")
     result = subprocess.run(
-        [ruff, "check", "helpers", "tests", "notebooks"], cwd=ROOT, capture_output=True, text=True
+        [ruff, "check", *PACKAGES, "tests", "solutions", "notebooks"],
+        cwd=ROOT, capture_output=True, text=True,
     )
     assert result.returncode == 0, result.stdout[-3000:]
 
 
-def _helper_imports() -> dict[str, set[str]]:
-    """Module -> the helpers modules it imports (``from helpers.x import y`` counts x and x.y)."""
+def _modules() -> list[Path]:
+    return [p for package in PACKAGES for p in (ROOT / package).rglob("*.py")]
+
+
+def _imports() -> dict[str, set[str]]:
+    """Module -> the modules of both packages it imports (``from a.b import c`` counts a.b
+    and a.b.c)."""
     graph = {}
-    for path in (ROOT / "helpers").rglob("*.py"):
+    for path in _modules():
         name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
         deps = set()
         for line in path.read_text().splitlines():
-            match = re.match(r"\s*from (helpers[\w.]*) import ([\w, ]+)", line)
+            match = re.match(r"\s*from ((?:helpers|course_tools)[\w.]*) import ([\w, ]+)", line)
             if match:
                 deps.add(match.group(1))
                 deps.update(f"{match.group(1)}.{n.strip()}" for n in match.group(2).split(","))
@@ -36,8 +48,8 @@ def _helper_imports() -> dict[str, set[str]]:
     return graph
 
 
-def test_helpers_have_no_import_cycle():
-    graph = _helper_imports()
+def test_no_import_cycle_in_either_package():
+    graph = _imports()
     state: dict[str, str] = {}
 
     def visit(node: str, path: list[str]) -> None:
@@ -55,10 +67,26 @@ def test_helpers_have_no_import_cycle():
             visit(node, [node])
 
 
-def test_no_helper_module_is_over_250_lines():
+def test_no_module_of_either_package_is_over_250_lines():
     long = {
         str(p.relative_to(ROOT)): n
-        for p in (ROOT / "helpers").rglob("*.py")
+        for p in _modules()
         if (n := len(p.read_text().splitlines())) > 250
     }
     assert not long, long
+
+
+def test_the_taught_package_imports_no_tooling():
+    """helpers/ is what a learner reads: no notebook runner, website, mutation or bench code."""
+    found = {
+        str(p.relative_to(ROOT)): m.group(1)
+        for p in (ROOT / "helpers").rglob("*.py")
+        if (m := TOOLING.search(p.read_text()))
+    }
+    assert not found, found
+
+
+def test_the_tooling_rule_can_fail():
+    assert TOOLING.search("from course_tools.bench import sections\n")
+    assert TOOLING.search("    import playwright\n")
+    assert not TOOLING.search("from helpers.core import paths\n")

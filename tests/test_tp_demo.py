@@ -101,6 +101,7 @@ def test_tp_mode_without_torchrun_says_how_to_launch(tmp_path, capsys, monkeypat
     )
 
 
+@pytest.mark.torchrun
 @pytest.mark.slow
 def test_two_gloo_ranks_match_native(tmp_path):
     _, native, shards, args = _native(tmp_path, 2)
@@ -116,6 +117,7 @@ def test_two_gloo_ranks_match_native(tmp_path):
     assert "[INFO] tp: shape:torch.Size([2, 16, 64]),sum:" in log
 
 
+@pytest.mark.torchrun
 @pytest.mark.slow
 def test_missing_shards_fail_with_the_ranks_message(tmp_path):
     args = [*SMALL, "--world_size", "2", "--shard_dir", str(tmp_path / "nothing")]

@@ -2,19 +2,32 @@
 
 import pytest
 import torch
+from torch import nn
 
 from helpers.core.devices import resolve_device, resolve_dtype
+from helpers.tensor_parallel import comm
 from helpers.tensor_parallel.comm import tp_cost
 from helpers.tensor_parallel.ffn import (
     FeedForward,
     FeedForwardShard,
     check_split,
+    cut_shard,
     make_input,
     make_shards,
+    shard_vs_full,
     split_weights,
     tp_simulate,
 )
-from helpers.tensor_parallel.proofs import checksum, checksum_tolerance, output_tolerance
+from helpers.tensor_parallel.proofs import (
+    checksum,
+    checksum_tolerance,
+    checksums_match,
+    eps,
+    output_tolerance,
+    outputs_agree,
+)
+
+META = torch.device("meta")
 
 
 def _model(hidden=32, ffn=64, activation="none"):
@@ -149,3 +162,143 @@ def test_cost_ring_allreduce_and_flops():
     assert one.flops == 4 * 8 * 512 * 512 * 4096 and four.flops == one.flops / 4
     assert four.allreduce_bytes == 2 * 3 / 4 * 8 * 512 * 512 * 2
     assert four.weight_bytes == one.weight_bytes // 4
+
+
+@pytest.fixture
+def three_ranks(monkeypatch):
+    """all_reduce as if three ranks held the same tensor: the sum is 3x, in place."""
+    calls = []
+
+    def all_reduce(tensor, op=None, group=None):
+        calls.append((op, group))
+        tensor.mul_(3)
+
+    monkeypatch.setattr(comm.dist, "all_reduce", all_reduce)
+    return calls
+
+
+def test_f_is_identity_forward_and_all_reduce_backward(three_ranks):
+    x = torch.tensor([1.0, -2.0], requires_grad=True)
+    y = comm.f(x, "G")
+    assert torch.equal(y, x) and three_ranks == []
+    grad = torch.tensor([0.5, 1.0])
+    y.backward(grad)
+    assert torch.equal(x.grad, 3 * grad) and torch.equal(grad, torch.tensor([0.5, 1.0]))
+    assert three_ranks == [(comm.dist.ReduceOp.SUM, "G")]
+
+
+def test_g_is_all_reduce_forward_and_identity_backward(three_ranks):
+    x = torch.tensor([1.0, -2.0], requires_grad=True)
+    y = comm.g(x, "G")
+    assert torch.equal(y, torch.tensor([3.0, -6.0])) and torch.equal(x, torch.tensor([1.0, -2.0]))
+    y.backward(torch.tensor([0.5, 1.0]))
+    assert torch.equal(x.grad, torch.tensor([0.5, 1.0]))
+    assert three_ranks == [(comm.dist.ReduceOp.SUM, "G")]
+
+
+def test_tp_forward_is_g_of_the_shard_of_f(three_ranks):
+    shard = nn.Linear(2, 2, bias=False)
+    with torch.no_grad():
+        shard.weight.copy_(torch.tensor([[1.0, 2.0], [0.0, 1.0]]))
+    x = torch.tensor([[1.0, 1.0]], requires_grad=True)
+    out = comm.tp_forward(shard, x, "G")
+    assert torch.equal(out, torch.tensor([[9.0, 3.0]]))  # 3 ranks x [3, 1]
+    out.sum().backward()
+    assert torch.equal(x.grad, torch.tensor([[3.0, 9.0]]))  # f's backward sums the ranks' grads
+    assert [group for _, group in three_ranks] == ["G", "G"]
+
+
+def test_cost_matches_the_shards_real_bytes_and_flops():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    shard = FeedForwardShard(32, 128, 4, 1).half()
+    x = torch.zeros(2, 3, 32, dtype=torch.float16)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        out = shard(x)
+    cost = comm.tp_cost(2, 3, 32, 128, 4, 2)
+    assert cost.world_size == 4
+    assert cost.flops == counter.get_total_flops()
+    assert cost.weight_bytes == sum(p.numel() * p.element_size() for p in shard.parameters())
+    assert cost.allreduce_bytes == out.numel() * out.element_size() * 2 * 3 / 4
+    with pytest.raises(ValueError, match=r"^world_size=0; valid: an integer >= 1$"):
+        comm.ring_allreduce_bytes(100.0, 0)
+
+
+def test_cost_table():
+    table = comm.format_costs([comm.tp_cost(8, 512, 512, 4096, p, 2) for p in (1, 4)])
+    assert table.splitlines() == [
+        "ranks  GFLOP/rank  weights/rank  all-reduce sent/rank  FLOPs per byte sent",
+        "    1      34.360      8.00 MiB                   0 B     no communication",
+        "    4       8.590      2.00 MiB              6.00 MiB                1,365",
+    ]
+
+
+@pytest.mark.parametrize(
+    "ffn,world,valid",
+    [(6, 4, "1, 2, 3, 6"), (64, 3, "1, 2, 4, 8, 16, 32, 64"), (65, 2, "1, 5, 13, ..."),
+     (130, 3, "1, 2, 5, 10, 13, 26, ...")],
+)  # fmt: skip
+def test_bad_split_lists_the_valid_world_sizes(ffn, world, valid):
+    with pytest.raises(ValueError, match=rf"valid world sizes for ffn_size {ffn}: {valid}$"):
+        check_split(ffn, world)
+
+
+def test_ffn_size_must_be_a_positive_int():
+    assert check_split(1, 1) == 1
+    for bad in (0, 8.0):
+        with pytest.raises(ValueError, match=rf"^ffn_size={bad!r}; valid: an integer >= 1$"):
+            check_split(bad, 2)
+
+
+def test_defaults_and_shapes_of_shards():
+    torch.manual_seed(0)
+    model = FeedForward(4, 8)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.allclose(model(2 * x), 2 * model(x))  # no activation: linear
+    shard = FeedForwardShard(4, 8, 2, 1)
+    assert isinstance(shard.act, nn.Identity) and shard.rows() == slice(4, 8)
+    with pytest.raises(
+        ValueError, match=r"^weight of shape \(3, 3\) given for a layer of shape \(4, 4\)$"
+    ):
+        shard.load_weights(torch.zeros(3, 3), torch.zeros(4, 4))
+    half = cut_shard(model.half(), 2, 1)
+    assert half.fc1.weight.dtype == torch.float16 and isinstance(half.act, nn.Identity)
+    assert torch.equal(half.fc2.weight, model.fc2.weight[:, 4:])
+    with pytest.raises(ValueError, match=r"^tp_simulate needs at least one shard$"):
+        tp_simulate([], x)
+
+
+def test_shard_vs_full_measures_the_matching_slices():
+    full = (torch.arange(12.0).reshape(4, 3), torch.arange(8.0).reshape(2, 4))
+    rows = slice(2, 4)
+    shard = (full[0][rows].clone(), full[1][:, rows].clone())
+    assert shard_vs_full(shard, full, rows) == 0.0
+    shard[1][1, 0] += 0.25
+    assert shard_vs_full(shard, full, rows) == 0.25
+    shard[0][0, 2] -= 0.5
+    assert shard_vs_full(shard, full, rows) == 0.5
+    with pytest.raises(ValueError, match=r"shard shapes \(2, 3\), \(2, 2\) do not match the full "
+                       r"model's slices \(1, 3\), \(2, 1\)"):  # fmt: skip
+        shard_vs_full(shard, full, slice(3, 4))
+    with pytest.raises(ValueError, match=r"shard shapes \(2, 3\), \(2, 1\) do not match"):
+        shard_vs_full((shard[0], shard[1][:, :1]), full, rows)  # only fc2 is cut wrong
+
+
+def test_input_is_float32_draws_whatever_the_default_dtype():
+    reference = make_input(2, 3, 4)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert torch.equal(make_input(2, 3, 4), reference)
+    finally:
+        torch.set_default_dtype(default)
+    assert make_input(1, 1, 2, device="meta").device == META
+
+
+def test_agreement_holds_exactly_at_the_tolerance():
+    y = torch.tensor([1.0, 0.5], dtype=torch.float64)
+    tol = 4 * 2 * eps("float32")  # max|y| = 1, two ranks
+    assert outputs_agree(y, y + torch.tensor([tol, 0.0], dtype=torch.float64), "float32", 2)[2]
+    ref = {"checksum": 100.0, "abs_sum": 1024.0, "dtype": "float32"}
+    assert checksums_match(ref, {"checksum": 100.0 + 1024.0 * eps("float32")})

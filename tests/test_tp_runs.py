@@ -29,6 +29,7 @@ TINY = DemoConfig(
 )
 
 
+@pytest.mark.torchrun
 def test_sweep_checksums_match_native():
     sweep = tp_sweep(TINY, (1, 2))
     assert [r["world_size"] for r in sweep["rows"]] == [1, 2]
@@ -38,6 +39,7 @@ def test_sweep_checksums_match_native():
     assert sweep["native"]["tp_simulate_agrees"]
 
 
+@pytest.mark.torchrun
 def test_parallelize_module_matches_the_shard_files():
     write_all_shards(TINY, (2,))
     result = launch_dtensor(TINY, 2)
@@ -47,12 +49,14 @@ def test_parallelize_module_matches_the_shard_files():
     assert result["max_diff_vs_hand_tp"] <= 1e-5
 
 
+@pytest.mark.torchrun
 def test_missing_shards_fail_with_the_rank_log():
     with pytest.raises(LaunchError) as info:
         launch_tp(replace(TINY, shard_dir=str(RESULTS_DIR / "no_such_shards_test")), 2)
     assert "manifest.json is missing" in info.value.log_tail
 
 
+@pytest.mark.torchrun
 def test_two_dimensional_mesh_step_equals_full_model():
     """dp=2 x tp=2: each rank's output rows and updated shards match one device."""
     config = replace(TINY, batch_size=4, world_size=4)
@@ -61,6 +65,7 @@ def test_two_dimensional_mesh_step_equals_full_model():
     assert result["output_diff"] <= 1e-5 and result["weight_diff"] <= 1e-5
 
 
+@pytest.mark.torchrun
 def test_training_step_across_ranks_equals_the_one_process_step():
     """Loss, backward through f and g, SGD: each rank's updated shard is the full model's slice."""
     write_all_shards(TINY, (2,))

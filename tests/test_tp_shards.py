@@ -12,6 +12,7 @@ from helpers.tensor_parallel.ffn import FeedForward
 from helpers.tensor_parallel.shards import (
     MANIFEST,
     ShardError,
+    chunk_file_bytes,
     describe_shards,
     load_shard,
     write_shards,
@@ -171,3 +172,98 @@ def test_failure_while_writing_keeps_the_old_shards_and_leaves_nothing_half_writ
     assert torch.equal(
         load_shard(tmp_path, 2, 1, hidden_size=32).fc1.weight, _model().fc1.weight[32:]
     )
+
+
+def _shards(tmp_path):
+    torch.manual_seed(1)
+    model = FeedForward(16, 64)
+    write_shards(model, 2, tmp_path)
+    return model
+
+
+def test_chunk_bytes_are_float32_whatever_the_dtype():
+    t = torch.tensor([[1.5, -2.0]], dtype=torch.bfloat16)
+    assert chunk_file_bytes(t) == np.array([[1.5, -2.0]], dtype="<f4").tobytes()
+
+
+def test_manifest_records_each_files_tensor_rank_and_split(tmp_path):
+    _shards(tmp_path)
+    manifest = json.loads((tmp_path / MANIFEST).read_text())
+    assert manifest["byte_order"] == "little" and manifest["order"] == "C"
+    entry = {k: v for k, v in manifest["files"]["fc2_1.bin"].items() if k != "sha256"}
+    assert entry == {
+        "tensor": "fc2.weight",
+        "rank": 1,
+        "split_dim": 1,
+        "shape": [16, 32],
+        "bytes": 2048,
+    }
+    assert manifest["files"]["fc1_0.bin"]["split_dim"] == 0
+
+
+def test_shard_manifest_without_a_field_or_of_another_format(tmp_path):
+    _shards(tmp_path)
+    manifest = json.loads((tmp_path / MANIFEST).read_text())
+    del manifest["ffn_size"]
+    (tmp_path / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(
+        ShardError,
+        match=r"^manifest\.json is not a shard manifest of format 'tp-ffn-shards/1' "
+        r"\(missing: ffn_size\); rewrite the shards$",
+    ):
+        load_shard(tmp_path, 2, 0)
+    del manifest["hidden_size"]
+    (tmp_path / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(ShardError, match=r"\(missing: hidden_size, ffn_size\); rewrite"):
+        load_shard(tmp_path, 2, 0)
+    manifest["hidden_size"], manifest["ffn_size"], manifest["format"] = 16, 64, "other/1"
+    (tmp_path / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(ShardError, match=r"\(missing: none\); rewrite the shards$"):
+        load_shard(tmp_path, 2, 0)
+    (tmp_path / MANIFEST).unlink()
+    with pytest.raises(
+        ShardError,
+        match=r"write the shards first \(write_shards, or `python -m helpers\.tp_demo "
+        r"--world_size N --shard_dir DIR` in native mode\)$",
+    ):
+        load_shard(tmp_path, 2, 0)
+
+
+def test_a_manifest_entry_that_disagrees_with_the_sizes_is_refused(tmp_path):
+    _shards(tmp_path)
+    manifest = json.loads((tmp_path / MANIFEST).read_text())
+    manifest["files"]["fc1_0.bin"]["bytes"] = 4095
+    manifest["files"].pop("fc2_0.bin")
+    (tmp_path / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(
+        ShardError,
+        match=r"^manifest\.json describes fc1_0\.bin as \[32, 16\] \(4095 bytes\) but the sizes it "
+        r"records need 2048 bytes = float32 32x16; rewrite the shards$",
+    ):
+        load_shard(tmp_path, 2, 0)
+    manifest["files"]["fc1_0.bin"]["bytes"] = 2048
+    (tmp_path / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(ShardError, match=r"describes fc2_0\.bin as None \(None bytes\)"):
+        load_shard(tmp_path, 2, 0)
+
+
+def test_loaded_shard_gets_the_activation_asked_for(tmp_path):
+    model = _shards(tmp_path)
+    shard = load_shard(tmp_path, 2, 1, activation="gelu")
+    assert isinstance(shard.act, nn.GELU)
+    assert torch.equal(shard.fc1.weight, model.fc1.weight[32:])
+
+
+def test_describe_shards_table(tmp_path):
+    folder = tmp_path / "shards"
+    _shards(folder)
+    (folder / "fc2_1.bin").unlink()
+    lines = describe_shards(folder).splitlines()
+    assert lines[:2] == [
+        "shards: world size 2, hidden 16, ffn 64, float32 little-endian, C order",
+        "file       tensor      split shape            bytes  sha256",
+    ]
+    assert len(lines) == 6 and lines[2].startswith(
+        "fc1_0.bin  fc1.weight  dim 0 32x16             2048  "
+    )
+    assert lines[2].endswith("...") and len(lines[2].rsplit("  ", 1)[1]) == 16 + 3

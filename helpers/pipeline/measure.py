@@ -8,19 +8,16 @@ process using as many threads as there are stages).
 from __future__ import annotations
 
 import copy
-import statistics
 from collections.abc import Sequence
 
 import torch
 from torch import nn
 
-from helpers.core.devices import plan_devices
 from helpers.core.timing import Timing, measure
 from helpers.distributed.launcher import launch
 from helpers.model_parallel.resnet import one_hot_labels, resnet50, resnet_layers
 from helpers.model_parallel.stages import StagedModel
-from helpers.pipeline.balance import balanced_cut_names
-from helpers.pipeline.schedule import MicroBatchPipeline, ideal_speedup
+from helpers.pipeline.schedule import MicroBatchPipeline
 
 
 def _step_fn(model: nn.Module, images: torch.Tensor, labels: torch.Tensor):
@@ -150,69 +147,4 @@ def timings_by_run(piped: dict) -> dict[tuple[str, int], Timing]:
             f"pipelined, {r['schedule']}, M={r['microbatches']}", r["times_s"]
         )
         for r in piped["runs"]
-    }
-
-
-def pipeline_section(
-    batch: int = 32,
-    image_size: int = 128,
-    stages: int = 2,
-    microbatches: int = 4,
-    sweep: Sequence[int] = (1, 2, 4, 8),
-    *,
-    repeats: int = 5,
-    warmup: int = 2,
-) -> dict:
-    """The ``pipeline`` section of bench.json: all timings from the same run."""
-    cut = balanced_cut_names(stages, image_size)
-    local = in_process_timings(
-        batch,
-        image_size,
-        stages,
-        microbatches,
-        cut,
-        repeats=repeats,
-        warmup=warmup,
-        devices=plan_devices(stages, processes=True).devices,
-    )
-    runs = [("gpipe", microbatches), ("1f1b", microbatches)]
-    runs += [("gpipe", m) for m in sorted(set(sweep) - {microbatches} | {1})]
-    piped = pipelined_runs(batch, image_size, stages, runs, cut, steps=repeats, warmup=warmup)
-    timed = timings_by_run(piped)
-    gpipe = timed[("gpipe", microbatches)]
-    single = local["single"]
-    return {
-        "stages": stages,
-        "microbatches": microbatches,
-        "batch": batch,
-        "image_size": image_size,
-        "cut_before": cut,
-        "single_s": single.mean,
-        "naive_mp_s": local["naive_mp"].mean,
-        "pipelined_s": gpipe.mean,
-        "speedup": single.mean / gpipe.mean,
-        "ideal_speedup": ideal_speedup(stages, microbatches),
-        # like for like: the same processes with one micro-batch (nothing overlaps)
-        "speedup_over_m1": timed[("gpipe", 1)].mean / gpipe.mean,
-        "efficiency": timed[("gpipe", 1)].mean / gpipe.mean / ideal_speedup(stages, microbatches),
-        "naive_vs_single": (local["naive_mp"].mean - single.mean) / single.mean,
-        "std_s": {"single": single.std, "naive_mp": local["naive_mp"].std, "pipelined": gpipe.std},
-        "single_all_threads_s": local["single_threads"].mean if "single_threads" in local else None,
-        "inprocess_microbatched_s": local["microbatched"].mean,
-        "sweep": [
-            {
-                "schedule": s,
-                "microbatches": m,
-                "mean_s": t.mean,
-                "std_s": t.std,
-                "speedup": single.mean / t.mean,
-                "ideal_speedup": ideal_speedup(stages, m),
-            }
-            for (s, m), t in sorted(timed.items())
-        ],
-        "checks": piped.get("checks"),
-        "backend": piped["backend"],
-        "threads_per_stage": 1 if piped["backend"] == "gloo" else None,
-        "repeats": repeats,
-        "median_s": {"single": statistics.median(single.times), "pipelined": gpipe.median},
     }

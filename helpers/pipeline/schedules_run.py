@@ -81,17 +81,6 @@ def format_numbers(numbers: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def schedules_section(ranks: int = 2, microbatches: int = 8, batch: int = 1024,
-                      width: int = 512, blocks: int = 8, steps: int = 5) -> dict:
-    """``make bench``'s ``schedules`` section: the lesson's run at a larger size."""
-    result = launch_schedules(ranks=ranks, microbatches=microbatches, batch=batch, width=width,
-                              blocks=blocks, steps=steps, timeout=1800)
-    numbers = schedule_numbers(result)
-    return {"sizes": {"ranks": ranks, "microbatches": microbatches, "batch": batch,
-                      "width": width, "blocks": blocks, "steps": steps},
-            "backend": result["backend"], **numbers}
-
-
 def cost_split_report(numbers: dict[str, dict], schedule: str = "zero_bubble") -> str:
     """Where zero bubble's idle time comes from: its measured I/F and W/F per rank, then its
     idle share three ways (the formula with I = W = F, the same order replayed with the

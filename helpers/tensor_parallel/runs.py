@@ -170,20 +170,3 @@ def tp_sweep(config: DemoConfig, world_sizes: Sequence[int] = WORLD_SIZES) -> di
         "simulated": simulated,
         "rows": summarise(native, runs, simulated),
     }
-
-
-def tp_section() -> dict:
-    """The ``tp`` section of bench.json: the source's sizes (full profile)."""
-    config = sweep_config(WORLD_SIZES, "full")
-    sweep = tp_sweep(config, WORLD_SIZES)
-    return {
-        "sizes": {
-            k: getattr(config, k) for k in ("hidden_size", "ffn_size", "seq_len", "batch_size")
-        },
-        "device": config.device,
-        "dtype": config.dtype,
-        "iters": config.iters,
-        "warmup": config.warmup,
-        "threads_per_rank": 1,
-        "per_world_size": sweep["rows"],
-    }

@@ -11,7 +11,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 
-from helpers.gpu_check.context import Step, StepSkipped
+from course_tools.gpu_check.context import Step, StepSkipped
 
 DEFAULT_BUDGET_S = 330.0
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from helpers.tools.website import SiteError
+from course_tools.website import SiteError
 
 LESSON_GLOB = "[0-9][0-9]_*.ipynb"
 FIX = "execute it and store its outputs (make refresh)"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from helpers.core.files import atomic_write_json, atomic_write_text
 
-COMMAND = "python -m helpers.tools.gpu_check"
+COMMAND = "python -m course_tools.gpu_check"
 
 
 def new_doc(*, smoke: bool, budget: float, argv: Sequence[str]) -> dict:

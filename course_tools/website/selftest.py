@@ -13,8 +13,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from helpers.tools.website import SiteError
-from helpers.tools.website.links import Problem
+from course_tools.website import SiteError
+from course_tools.website.links import Problem
 
 # a 1x1 PNG, so the sound page has an image that decodes
 PIXEL = base64.b64decode(

@@ -14,7 +14,7 @@ import re
 import shutil
 from pathlib import Path
 
-from helpers.tools.website import SiteError
+from course_tools.website import SiteError
 
 COURSE_MAP = "## Course map"
 LINK = re.compile(r"\]\(([^)\s]+)\)")

@@ -3,7 +3,7 @@
 Nothing is executed: every lesson is shown as stored (and checked by nbval), after a check
 that it was executed and holds no error. Jupyter Book 1.x (Sphinx) builds the pages with
 every warning an error; MathJax, fonts and scripts are served from the site itself.
-``python -m helpers.tools.website.build [--fresh]``.
+``python -m course_tools.website.build [--fresh]``.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import sys
 import time
 from pathlib import Path
 
+from course_tools.website import SiteError
+from course_tools.website.notebooks import check_all, lesson_notebooks
+from course_tools.website.sources import assemble
 from helpers.core.paths import NOTEBOOKS_DIR, REPO_ROOT, RESULTS_DIR, display_path
-from helpers.tools.website import SiteError
-from helpers.tools.website.notebooks import check_all, lesson_notebooks
-from helpers.tools.website.sources import assemble
 
 SITE_DIR = RESULTS_DIR / "site"
 WORK_DIR = RESULTS_DIR / ".site-build"  # the book's sources and Sphinx's cache

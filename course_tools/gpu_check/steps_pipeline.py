@@ -10,9 +10,9 @@ import functools
 
 import torch
 
+from course_tools.gpu_check.context import Context, release
 from helpers.core.devices import cpu_cores, plan_devices
 from helpers.core.timing import Timing, measure
-from helpers.gpu_check.context import Context, release
 
 
 def single_thread_step(batch: int, image: int, steps: int) -> Timing:

@@ -8,8 +8,8 @@ import copy
 
 import torch
 
+from course_tools.gpu_check.context import Context, release
 from helpers.core.timing import measure
-from helpers.gpu_check.context import Context, release
 
 # --- 5. memory --------------------------------------------------------------------------
 

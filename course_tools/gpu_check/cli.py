@@ -16,11 +16,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from course_tools.gpu_check.catalog import STEPS, execute
+from course_tools.gpu_check.context import cuda_available, make_context
+from course_tools.gpu_check.report import COMMAND, new_doc, report_writer
+from course_tools.gpu_check.runner import DEFAULT_BUDGET_S, run_reported
 from helpers.core.paths import RESULTS_DIR, display_path
-from helpers.gpu_check.catalog import STEPS, execute
-from helpers.gpu_check.context import cuda_available, make_context
-from helpers.gpu_check.report import COMMAND, new_doc, report_writer
-from helpers.gpu_check.runner import DEFAULT_BUDGET_S, run_reported
 
 
 def positive_seconds(text: str) -> float:

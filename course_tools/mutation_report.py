@@ -4,7 +4,7 @@ mutmut (pinned in the Makefile) keeps one ``mutants/<module>.py.meta`` per mutat
 JSON with the exit code of each mutant's test run. This lists each mutant that was not
 caught, with the lines it changes, then a table per module: the score is the share of
 all mutants caught (killed, or timed out), so mutants no test reaches count against it.
-Run from the repository root after ``mutmut run``: ``python -m helpers.tools.mutation_report``.
+Run from the repository root after ``mutmut run``: ``python -m course_tools.mutation_report``.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from helpers.tools.website import SiteError
+from course_tools.website import SiteError
 
 CHROMIUM_ENV = "CHROMIUM"  # path of the browser; default /usr/bin/chromium (Debian's)
 DEFAULT_CHROMIUM = "/usr/bin/chromium"

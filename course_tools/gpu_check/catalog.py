@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from helpers.gpu_check.context import Context, Step
+from course_tools.gpu_check.context import Context, Step
 
 STEPS = (
     Step("machine", "GPU names and memory, driver, torch, CUDA, NCCL, CPU cores, python", 5, 1),
@@ -55,7 +55,7 @@ StepFunction = Callable[[Context, dict], None]
 
 def step_functions() -> dict[str, StepFunction]:
     """Step name -> ``step_<name>(ctx, fig)``; imports the step modules (and torch)."""
-    from helpers.gpu_check import (
+    from course_tools.gpu_check import (
         steps_model_parallel,
         steps_pipeline,
         steps_placement,

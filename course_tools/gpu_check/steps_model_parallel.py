@@ -14,10 +14,10 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from course_tools.gpu_check.context import Context, release
 from helpers.core.devices import cpu_cores, machine_info
 from helpers.core.paths import display_path
 from helpers.core.timing import Timing, measure, relative_difference
-from helpers.gpu_check.context import Context, release
 
 # --- 1. machine -------------------------------------------------------------------------
 

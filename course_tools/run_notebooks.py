@@ -1,6 +1,6 @@
 """Execute the lessons headless, in order (``make run``, ``make refresh``).
 
-``python -m helpers.tools.run_notebooks`` writes each executed lesson to results/;
+``python -m course_tools.run_notebooks`` writes each executed lesson to results/;
 ``--in-place`` rewrites the stored outputs in notebooks/ that nbval compares.
 """
 

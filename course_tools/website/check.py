@@ -5,7 +5,7 @@ image decoded, all math typeset (no raw ``$$`` or ``\\(`` left), every internal 
 resolving (file and ``#anchor``), nothing loaded from outside (HTML and CSS read too). A
 full-page screenshot of every lesson goes to ``screens/`` inside the site. One line per
 page, then the problems, each naming page and element; exit 1 if there is any.
-``python -m helpers.tools.website.check [--site DIR] [--self-test]``.
+``python -m course_tools.website.check [--site DIR] [--self-test]``.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import sys
 import time
 from pathlib import Path
 
+from course_tools.website import SiteError
+from course_tools.website.browser import PageReport, chromium, search_hits, serve, visit
+from course_tools.website.links import Problem, check_css, check_links, check_loads
+from course_tools.website.selftest import run_self_test
 from helpers.core.paths import RESULTS_DIR, display_path
-from helpers.tools.website import SiteError
-from helpers.tools.website.browser import PageReport, chromium, search_hits, serve, visit
-from helpers.tools.website.links import Problem, check_css, check_links, check_loads
-from helpers.tools.website.selftest import run_self_test
 
 SKIP = ("_static/", "_sources/", "_images/", "screens/")  # assets, not pages
 SEARCH_QUERY = "parallel"

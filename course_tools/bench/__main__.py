@@ -19,25 +19,25 @@ from helpers.core.paths import display_path, results_path
 
 
 def _pipeline() -> dict:
-    from helpers.pipeline.measure import pipeline_section
+    from course_tools.bench.sections import pipeline_section  # lesson 03
 
     return pipeline_section()
 
 
 def _tp() -> dict:
-    from helpers.tensor_parallel.runs import tp_section  # lesson 07
+    from course_tools.bench.sections import tp_section  # lesson 07
 
     return tp_section()
 
 
 def _schedules() -> dict:
-    from helpers.pipeline.schedules_run import schedules_section  # lesson 04
+    from course_tools.bench.sections import schedules_section  # lesson 04
 
     return schedules_section()
 
 
 def _memory() -> dict:
-    from helpers.memory.bench import memory_section  # lessons 01-07's ledgers
+    from course_tools.bench.memory import memory_section  # lessons 01-07's ledgers
 
     return memory_section()
 

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from course_tools.gpu_check.context import Context
 from helpers.core.paths import REPO_ROOT
 from helpers.core.timing import Timing
-from helpers.gpu_check.context import Context
 
 if TYPE_CHECKING:
     from helpers.tensor_parallel.config import DemoConfig

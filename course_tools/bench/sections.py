@@ -1,0 +1,109 @@
+"""``make bench``'s sections for lessons 03, 04 and 07: each lesson's run at a larger size.
+
+Each section is measured within one run, so its ratios compare like with like.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+from helpers.core.devices import plan_devices
+from helpers.pipeline.balance import balanced_cut_names
+from helpers.pipeline.measure import in_process_timings, pipelined_runs, timings_by_run
+from helpers.pipeline.schedule import ideal_speedup
+from helpers.pipeline.schedules_run import launch_schedules, schedule_numbers
+from helpers.tensor_parallel.runs import WORLD_SIZES, sweep_config, tp_sweep
+
+
+def pipeline_section(
+    batch: int = 32,
+    image_size: int = 128,
+    stages: int = 2,
+    microbatches: int = 4,
+    sweep: Sequence[int] = (1, 2, 4, 8),
+    *,
+    repeats: int = 5,
+    warmup: int = 2,
+) -> dict:
+    """The ``pipeline`` section of bench.json: all timings from the same run."""
+    cut = balanced_cut_names(stages, image_size)
+    local = in_process_timings(
+        batch,
+        image_size,
+        stages,
+        microbatches,
+        cut,
+        repeats=repeats,
+        warmup=warmup,
+        devices=plan_devices(stages, processes=True).devices,
+    )
+    runs = [("gpipe", microbatches), ("1f1b", microbatches)]
+    runs += [("gpipe", m) for m in sorted(set(sweep) - {microbatches} | {1})]
+    piped = pipelined_runs(batch, image_size, stages, runs, cut, steps=repeats, warmup=warmup)
+    timed = timings_by_run(piped)
+    gpipe = timed[("gpipe", microbatches)]
+    single = local["single"]
+    return {
+        "stages": stages,
+        "microbatches": microbatches,
+        "batch": batch,
+        "image_size": image_size,
+        "cut_before": cut,
+        "single_s": single.mean,
+        "naive_mp_s": local["naive_mp"].mean,
+        "pipelined_s": gpipe.mean,
+        "speedup": single.mean / gpipe.mean,
+        "ideal_speedup": ideal_speedup(stages, microbatches),
+        # like for like: the same processes with one micro-batch (nothing overlaps)
+        "speedup_over_m1": timed[("gpipe", 1)].mean / gpipe.mean,
+        "efficiency": timed[("gpipe", 1)].mean / gpipe.mean / ideal_speedup(stages, microbatches),
+        "naive_vs_single": (local["naive_mp"].mean - single.mean) / single.mean,
+        "std_s": {"single": single.std, "naive_mp": local["naive_mp"].std, "pipelined": gpipe.std},
+        "single_all_threads_s": local["single_threads"].mean if "single_threads" in local else None,
+        "inprocess_microbatched_s": local["microbatched"].mean,
+        "sweep": [
+            {
+                "schedule": s,
+                "microbatches": m,
+                "mean_s": t.mean,
+                "std_s": t.std,
+                "speedup": single.mean / t.mean,
+                "ideal_speedup": ideal_speedup(stages, m),
+            }
+            for (s, m), t in sorted(timed.items())
+        ],
+        "checks": piped.get("checks"),
+        "backend": piped["backend"],
+        "threads_per_stage": 1 if piped["backend"] == "gloo" else None,
+        "repeats": repeats,
+        "median_s": {"single": statistics.median(single.times), "pipelined": gpipe.median},
+    }
+
+
+def schedules_section(ranks: int = 2, microbatches: int = 8, batch: int = 1024,
+                      width: int = 512, blocks: int = 8, steps: int = 5) -> dict:
+    """``make bench``'s ``schedules`` section: the lesson's run at a larger size."""
+    result = launch_schedules(ranks=ranks, microbatches=microbatches, batch=batch, width=width,
+                              blocks=blocks, steps=steps, timeout=1800)
+    numbers = schedule_numbers(result)
+    return {"sizes": {"ranks": ranks, "microbatches": microbatches, "batch": batch,
+                      "width": width, "blocks": blocks, "steps": steps},
+            "backend": result["backend"], **numbers}
+
+
+def tp_section() -> dict:
+    """The ``tp`` section of bench.json: the source's sizes (full profile)."""
+    config = sweep_config(WORLD_SIZES, "full")
+    sweep = tp_sweep(config, WORLD_SIZES)
+    return {
+        "sizes": {
+            k: getattr(config, k) for k in ("hidden_size", "ffn_size", "seq_len", "batch_size")
+        },
+        "device": config.device,
+        "dtype": config.dtype,
+        "iters": config.iters,
+        "warmup": config.warmup,
+        "threads_per_rank": 1,
+        "per_world_size": sweep["rows"],
+    }
