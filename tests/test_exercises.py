@@ -41,7 +41,7 @@ CHECKERS = checkers()
 @cache
 def resnet_flops() -> list[int]:
     from helpers.model_parallel.resnet import resnet50, resnet_layers
-    from helpers.pipeline.balance import layer_flops
+    from helpers.pipeline.stage_cuts import layer_flops
 
     torch.manual_seed(0)
     return layer_flops(resnet_layers(resnet50(10), blocks=True), torch.randn(1, 3, 64, 64))

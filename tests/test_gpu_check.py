@@ -165,3 +165,24 @@ def test_smoke_run_passes_every_step(tmp_path):
     assert (tmp_path / "gpu_check_smoke" / "mp_vs_rn.png").stat().st_size > 0
     assert not (tmp_path / "gpu_check.json").exists()  # never the real run's file
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_a_step_without_its_function_is_named(monkeypatch):
+    from course_tools.gpu_check import catalog
+
+    monkeypatch.setattr(catalog, "STEPS", (*catalog.STEPS, Step("lesson99", "nothing", 1, 1)))
+    with pytest.raises(LookupError, match=r"no step_<name> function for step\(s\) \['lesson99'\]"):
+        catalog.step_functions()
+
+
+def test_the_schedules_step_skips_with_the_reason_on_a_torch_without_its_internals(monkeypatch):
+    """The GPU machine's torch may lack the pipelining internals lesson 04 wraps: the step
+    records itself skipped, naming what is missing, instead of crashing."""
+    from course_tools.gpu_check.context import SMOKE, Context
+    from course_tools.gpu_check.steps_pipeline import step_schedules
+    from helpers.pipeline import events
+
+    monkeypatch.delattr(events.schedules_module, "_wait_batch_p2p")
+    ctx = Context(Path("results"), True, SMOKE, "cpu", {})
+    with pytest.raises(StepSkipped, match=r"_wait_batch_p2p.\] not found"):
+        step_schedules(ctx, {})

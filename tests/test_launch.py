@@ -13,7 +13,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 
 from helpers.core.errors import LaunchError
 from helpers.distributed import launcher
-from helpers.distributed.launcher import check_port, free_port, launch
+from helpers.distributed.launcher import free_port, launch, validate_port
 from helpers.distributed.ranks import RESULT_ENV
 
 HERE = Path(__file__).resolve().parent
@@ -97,7 +97,7 @@ def test_timeout_kills_every_rank(probe):
 
 def test_ports_are_free_picked_and_taken_ports_refused(probe):
     port = free_port()
-    assert check_port(port) == port
+    assert validate_port(port) == port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
@@ -105,7 +105,7 @@ def test_ports_are_free_picked_and_taken_ports_refused(probe):
         with pytest.raises(LaunchError, match=f"port {taken} is already in use"):
             probe("ok", nproc=1, port=taken)
     with pytest.raises(ValueError, match="out of range"):
-        check_port(70000)
+        validate_port(70000)
     with pytest.raises(ValueError, match="nproc=0"):
         probe("ok", nproc=0)
 
@@ -120,7 +120,7 @@ def test_a_port_taken_after_it_was_picked_is_picked_again(probe, monkeypatch):
         picks = iter([taken])
         real = launcher.free_port
         monkeypatch.setattr(launcher, "free_port", lambda: next(picks, None) or real())
-        monkeypatch.setattr(launcher, "check_port", lambda p: p)  # as if it was free when picked
+        monkeypatch.setattr(launcher, "validate_port", lambda p: p)  # as if it was free when picked
         assert probe("ok", nproc=1, timeout=120)["sum"] == 1.0
 
 
@@ -239,13 +239,13 @@ def test_port_clash_is_read_from_the_launcher_log(tmp_path):
 
 def test_ports_in_range_free_or_taken():
     port = launcher.free_port()
-    assert 1024 <= port <= 65535 and launcher.check_port(port) == port
+    assert 1024 <= port <= 65535 and launcher.validate_port(port) == port
     for bad in (0, 65536):
         with pytest.raises(ValueError, match=rf"^port {bad} is out of range; valid: 1\.\.65535"):
-            launcher.check_port(bad)
+            launcher.validate_port(bad)
     for edge in (1, 65535):  # in range: either free or in use, never "out of range"
         try:
-            assert launcher.check_port(edge) == edge
+            assert launcher.validate_port(edge) == edge
         except LaunchError:
             pass
     with socket.socket() as s:
@@ -255,7 +255,7 @@ def test_ports_in_range_free_or_taken():
         with pytest.raises(
             LaunchError, match=rf"^port {taken} is already in use \(.+\); pass port=None"
         ):
-            launcher.check_port(taken)
+            launcher.validate_port(taken)
 
 
 def test_rank_logs_and_their_tails(tmp_path):
@@ -453,7 +453,7 @@ def test_a_hung_launch_is_killed_at_its_timeout(stand_in, tmp_path, monkeypatch)
 def test_launch_retries_a_picked_port_taken_meanwhile_but_nothing_else(monkeypatch):
     ports, attempts = iter(range(40001, 40010)), []
     monkeypatch.setattr(launcher, "free_port", lambda: next(ports))
-    monkeypatch.setattr(launcher, "check_port", lambda port: port)
+    monkeypatch.setattr(launcher, "validate_port", lambda port: port)
 
     def once_failing(outcomes):
         outcomes = iter(outcomes)

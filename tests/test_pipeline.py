@@ -8,15 +8,15 @@ from helpers.core.checks import compare_steps, training_step
 from helpers.core.errors import LaunchError
 from helpers.model_parallel.resnet import resnet50, resnet_layers
 from helpers.model_parallel.stages import StagedModel
-from helpers.pipeline.balance import balanced_cut_names, balanced_split_points, layer_flops
-from helpers.pipeline.measure import pipelined_runs, timings_by_run
 from helpers.pipeline.schedule import (
     MicroBatchPipeline,
     accumulated_step,
-    check_microbatches,
     gpipe_timeline,
     ideal_speedup,
+    validate_microbatches,
 )
+from helpers.pipeline.stage_cuts import balanced_cut_names, balanced_split_points, layer_flops
+from helpers.pipeline.timings import pipelined_runs, timings_by_run
 
 CPU = torch.device("cpu")
 
@@ -54,14 +54,14 @@ def test_balanced_split_rejects_too_many_stages():
 
 
 def test_microbatches_must_divide_the_batch():
-    assert check_microbatches(12, 4) == 3
+    assert validate_microbatches(12, 4) == 3
     with pytest.raises(
         ValueError,
         match=r"microbatches=5 does not divide the batch of 12; valid: one of \[1, 2, 3, 4, 6, 12\]",
     ):
-        check_microbatches(12, 5)
+        validate_microbatches(12, 5)
     with pytest.raises(ValueError, match="microbatches=0"):
-        check_microbatches(12, 0)
+        validate_microbatches(12, 0)
 
 
 def _layers():

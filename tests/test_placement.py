@@ -10,7 +10,6 @@ from helpers.core.errors import DoesNotFitError, FolderError
 from helpers.core.files import MANIFEST
 from helpers.core.sizes import parameter_count
 from helpers.model_parallel.resnet import resnet50
-from helpers.placement.balance import STRATEGIES, balanced_budgets
 from helpers.placement.offload import (
     accelerate_balanced_memory,
     accelerate_device_map,
@@ -30,6 +29,7 @@ from helpers.placement.planner import (
 )
 from helpers.placement.report import plot_plans, usage_table
 from helpers.placement.sizing import module_sizes, parse_budgets, parse_size
+from helpers.placement.strategies import STRATEGIES, balanced_budgets
 from helpers.placement.tiny_lm import LLAMA_7B, LMConfig, TinyLM, build_lm
 
 CONFIG = LMConfig(vocab=512, hidden=64, blocks=4, ffn=256, heads=2)

@@ -13,18 +13,18 @@ from helpers.distributed.launcher import free_port
 from helpers.pipeline.events import (
     Action,
     bubble_theory,
-    check_instrumentable,
     idle_fractions,
     record_actions,
+    validate_instrumentable,
 )
-from helpers.pipeline.mlp_stack import build_stack, check_plan, chunk_of, rank_chunks
+from helpers.pipeline.mlp_stack import build_stack, chunk_of, rank_chunks, validate_plan
 from helpers.pipeline.schedules_run import launch_schedules
 from helpers.pipeline.timeline import ideal_timeline
 
 
 def test_the_pipelining_internals_we_wrap_still_exist():
     """Fails loudly when a torch upgrade renames what helpers.pipeline.events wraps."""
-    check_instrumentable()
+    validate_instrumentable()
     assert all(callable(getattr(PipelineStage, m)) for m in
                ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"))
 
@@ -32,7 +32,7 @@ def test_the_pipelining_internals_we_wrap_still_exist():
 def test_a_missing_internal_is_reported(monkeypatch):
     monkeypatch.delattr(schedules_module, "_wait_batch_p2p")
     with pytest.raises(RuntimeError, match="_wait_batch_p2p"):
-        check_instrumentable()
+        validate_instrumentable()
 
 
 @pytest.fixture
@@ -118,7 +118,7 @@ def test_chunks_are_placed_round_robin_and_cover_the_model():
 )
 def test_bad_choices_are_refused_before_any_launch(args, words, monkeypatch):
     with pytest.raises(ValueError, match=words):
-        check_plan(*args)
+        validate_plan(*args)
     monkeypatch.setattr("helpers.pipeline.schedules_run.launch",
                         lambda *a, **k: pytest.fail("launched despite a bad choice"))
     name, ranks, m, blocks, batch = args

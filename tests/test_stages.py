@@ -17,9 +17,9 @@ from helpers.model_parallel.resnet import (
 )
 from helpers.model_parallel.stages import (
     StagedModel,
-    check_split_points,
     input_device,
     stage_bytes,
+    validate_split_points,
 )
 
 CPU, META = torch.device("cpu"), torch.device("meta")
@@ -79,7 +79,7 @@ def test_one_hot_labels_have_one_one_per_row():
 )
 def test_bad_split_points_name_the_value_and_range(points, message):
     with pytest.raises(ValueError, match=message):
-        check_split_points(points, 6)
+        validate_split_points(points, 6)
 
 
 def test_device_count_must_match_stage_count():
@@ -119,9 +119,9 @@ def _layers() -> list[tuple[str, nn.Module]]:
 
 def test_split_point_messages_give_the_valid_range():
     with pytest.raises(ValueError, match=r"valid: at most 3 stages \(2 split points\)$"):
-        check_split_points([1, 2, 3], 3)
+        validate_split_points([1, 2, 3], 3)
     with pytest.raises(ValueError, match=r"\(2 then 1\); valid: each cut after the previous one$"):
-        check_split_points([2, 1], 3)
+        validate_split_points([2, 1], 3)
 
 
 class _Where(nn.Module):

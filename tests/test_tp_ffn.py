@@ -10,13 +10,13 @@ from helpers.tensor_parallel.comm import tp_cost
 from helpers.tensor_parallel.ffn import (
     FeedForward,
     FeedForwardShard,
-    check_split,
     cut_shard,
     make_input,
     make_shards,
     shard_vs_full,
     split_weights,
     tp_simulate,
+    validate_split,
 )
 from helpers.tensor_parallel.proofs import (
     checksum,
@@ -135,7 +135,7 @@ def test_split_weights_matches_torch_split():
 )
 def test_bad_splits_are_named(ffn, world, match):
     with pytest.raises(ValueError, match=match):
-        check_split(ffn, world)
+        validate_split(ffn, world)
     with pytest.raises(ValueError, match=match):
         FeedForwardShard(8, ffn, world, 0)
 
@@ -240,14 +240,14 @@ def test_cost_table():
 )  # fmt: skip
 def test_bad_split_lists_the_valid_world_sizes(ffn, world, valid):
     with pytest.raises(ValueError, match=rf"valid world sizes for ffn_size {ffn}: {valid}$"):
-        check_split(ffn, world)
+        validate_split(ffn, world)
 
 
 def test_ffn_size_must_be_a_positive_int():
-    assert check_split(1, 1) == 1
+    assert validate_split(1, 1) == 1
     for bad in (0, 8.0):
         with pytest.raises(ValueError, match=rf"^ffn_size={bad!r}; valid: an integer >= 1$"):
-            check_split(bad, 2)
+            validate_split(bad, 2)
 
 
 def test_defaults_and_shapes_of_shards():

@@ -9,10 +9,10 @@ import statistics
 from collections.abc import Sequence
 
 from helpers.core.devices import plan_devices
-from helpers.pipeline.balance import balanced_cut_names
-from helpers.pipeline.measure import in_process_timings, pipelined_runs, timings_by_run
 from helpers.pipeline.schedule import ideal_speedup
 from helpers.pipeline.schedules_run import launch_schedules, schedule_numbers
+from helpers.pipeline.stage_cuts import balanced_cut_names
+from helpers.pipeline.timings import in_process_timings, pipelined_runs, timings_by_run
 from helpers.tensor_parallel.runs import WORLD_SIZES, sweep_config, tp_sweep
 
 

@@ -33,6 +33,13 @@ STEPS = (
         60,
         40,
     ),
+    Step(
+        "schedules",
+        "lesson 04: GPipe, 1F1B, interleaved 1F1B, zero bubble on 2 ranks (NCCL with a GPU "
+        "per rank, else gloo on the CPU), each proven against one process, then timed",
+        40,
+        12,
+    ),
     Step("memory", "the memory ledger: measured vs estimated vs the CUDA allocator's peak", 15, 3),
     Step(
         "device_map",
@@ -54,7 +61,9 @@ StepFunction = Callable[[Context, dict], None]
 
 
 def step_functions() -> dict[str, StepFunction]:
-    """Step name -> ``step_<name>(ctx, fig)``; imports the step modules (and torch)."""
+    """Step name -> ``step_<name>(ctx, fig)``, found by that name in the ``steps_*`` modules
+    (so a new step is one ``Step`` above and one ``step_<name>`` function); imports the step
+    modules (and torch)."""
     from course_tools.gpu_check import (
         steps_model_parallel,
         steps_pipeline,
@@ -62,15 +71,16 @@ def step_functions() -> dict[str, StepFunction]:
         steps_tensor_parallel,
     )
 
-    return {
-        "machine": steps_model_parallel.step_machine,
-        "lesson01_toy": steps_model_parallel.step_lesson01_toy,
-        "lesson02_resnet": steps_model_parallel.step_lesson02_resnet,
-        "pipeline": steps_pipeline.step_pipeline,
-        "memory": steps_placement.step_memory,
-        "device_map": steps_placement.step_device_map,
-        "tensor_parallel": steps_tensor_parallel.step_tensor_parallel,
+    found = {
+        name.removeprefix("step_"): getattr(module, name)
+        for module in (steps_model_parallel, steps_pipeline, steps_placement, steps_tensor_parallel)
+        for name in vars(module)
+        if name.startswith("step_") and callable(getattr(module, name))
     }
+    missing = [s.name for s in STEPS if s.name not in found]
+    if missing:
+        raise LookupError(f"no step_<name> function for step(s) {missing}; valid: {sorted(found)}")
+    return {s.name: found[s.name] for s in STEPS}
 
 
 def execute(ctx: Context) -> Callable[[Step, dict], None]:

@@ -53,6 +53,11 @@ class Sizes:
     cpu_micro: int
     cpu_steps: int
     cpu_stages: tuple[int, ...]  # K: stage processes, each when the CPU has K cores
+    sched_width: int  # lesson 04: the MLP stack on 2 ranks, four schedules
+    sched_blocks: int
+    sched_batch: int
+    sched_micro: int
+    sched_steps: int
     lm_profile: str
     lm_repeats: int
     tp_profile: str
@@ -87,6 +92,11 @@ FULL = Sizes(
     cpu_micro=4,
     cpu_steps=3,
     cpu_stages=(2, 4),
+    sched_width=512,  # make bench's size: quick on 2 GPUs, still seconds on 2 CPU ranks
+    sched_blocks=8,
+    sched_batch=1024,
+    sched_micro=8,
+    sched_steps=3,
     lm_profile="full",
     lm_repeats=5,
     tp_profile="full",
@@ -113,6 +123,11 @@ SMOKE = Sizes(
     cpu_micro=2,
     cpu_steps=1,
     cpu_stages=(2,),  # K=4 runs the same code as K=2
+    sched_width=32,
+    sched_blocks=4,
+    sched_batch=16,
+    sched_micro=4,
+    sched_steps=1,
     lm_profile="small",
     lm_repeats=2,
     tp_profile="small",

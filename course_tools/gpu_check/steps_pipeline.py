@@ -45,14 +45,14 @@ def single_thread_step(batch: int, image: int, steps: int) -> Timing:
 @functools.cache
 def balanced_cut(stages: int, image: int) -> list[str]:
     """``balanced_cut_names``, counted once per (stages, image size)."""
-    from helpers.pipeline.balance import balanced_cut_names
+    from helpers.pipeline.stage_cuts import balanced_cut_names
 
     return balanced_cut_names(stages, image)
 
 
 def in_process_pipeline(ctx: Context) -> dict:
     """Micro-batches in one process on plan_devices(2) vs the naive split and one device."""
-    from helpers.pipeline.measure import in_process_timings
+    from helpers.pipeline.timings import in_process_timings
 
     s, plan = ctx.sizes, ctx.plan(2)
     cut = balanced_cut(2, s.pipe_image)
@@ -74,8 +74,8 @@ def in_process_pipeline(ctx: Context) -> dict:
 
 def pipeline_processes(ctx: Context, stages: int, baseline: Timing) -> dict:
     """K stage processes (gloo on the CPU unless K GPUs give NCCL), timed and checked."""
-    from helpers.pipeline.measure import pipelined_runs, timings_by_run
     from helpers.pipeline.schedule import ideal_speedup
+    from helpers.pipeline.timings import pipelined_runs, timings_by_run
 
     s = ctx.sizes
     cut = balanced_cut(stages, s.cpu_image)
@@ -145,3 +145,42 @@ def step_pipeline(ctx: Context, fig: dict) -> None:
     bad = [r["stages"] for r in fig["cpu_bench"]["runs"] if r["check_agrees"] is False]
     if bad:
         raise AssertionError(f"pipelined step differs from one process for K={bad} (1e-5)")
+
+
+def step_schedules(ctx: Context, fig: dict) -> None:
+    """Lesson 04: GPipe, 1F1B, interleaved 1F1B and zero bubble on 2 ranks (NCCL with a GPU
+    per rank, else gloo on the CPU), each proven against one process, then timed."""
+    from course_tools.gpu_check.context import StepSkipped
+    from helpers.pipeline.events import validate_instrumentable
+    from helpers.pipeline.schedules_run import (
+        PROOF_TOLERANCE,
+        format_numbers,
+        launch_schedules,
+        schedule_numbers,
+    )
+
+    try:
+        validate_instrumentable()
+    except RuntimeError as error:  # an older or newer torch without what lesson 04 wraps
+        raise StepSkipped(str(error)) from None
+    s, ranks = ctx.sizes, 2
+    result = launch_schedules(ranks=ranks, microbatches=s.sched_micro, batch=s.sched_batch,
+                              width=s.sched_width, blocks=s.sched_blocks, steps=s.sched_steps,
+                              timeout=300)
+    numbers = schedule_numbers(result)
+    print(format_numbers(numbers))
+    fig.update({
+        "ranks": ranks, "backend": result["backend"],
+        "backend_reason": plan_devices(ranks, processes=True).reason,
+        "sizes": {"width": s.sched_width, "blocks": s.sched_blocks, "batch": s.sched_batch,
+                  "microbatches": s.sched_micro, "steps": s.sched_steps},
+        "proof_tolerance": PROOF_TOLERANCE,
+        "schedules": {name: {k: n[k] for k in (
+            "step_s", "step_std_s", "idle_fraction", "free_communication_idle_fraction",
+            "bubble_theory", "peak_activation_bytes", "proof", "proof_ok")}
+            for name, n in numbers.items()},
+    })
+    # gloo: float32 on the CPU, as the reference; NCCL stages run on GPUs (recorded, not judged)
+    bad = [name for name, n in numbers.items() if not n["proof_ok"]]
+    if bad and result["backend"] == "gloo":
+        raise AssertionError(f"{bad} differ from one process beyond {PROOF_TOLERANCE:g}")

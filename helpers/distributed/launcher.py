@@ -44,7 +44,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def check_port(port: int) -> int:
+def validate_port(port: int) -> int:
     """``port`` if it can be bound on 127.0.0.1, else a clear error."""
     if not 1 <= port <= 65535:
         raise ValueError(
@@ -180,7 +180,7 @@ def launch(
     if not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"nproc={nproc!r}; valid: an integer >= 1")
     for attempt in range(3):
-        chosen = free_port() if port is None else check_port(port)
+        chosen = free_port() if port is None else validate_port(port)
         try:
             return _launch_once(
                 module, args, nproc, timeout, threads_per_rank, chosen, log_dir, env

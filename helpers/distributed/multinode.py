@@ -20,7 +20,6 @@ from pathlib import Path
 from helpers.core.errors import LaunchError
 from helpers.core.paths import display_path
 from helpers.distributed.launcher import (
-    check_port,
     child_env,
     free_port,
     kill_group,
@@ -29,6 +28,7 @@ from helpers.distributed.launcher import (
     read_result,
     root_cause,
     tail,
+    validate_port,
 )
 from helpers.distributed.lifeline import child_of_this_process
 
@@ -67,7 +67,7 @@ def node_command(
     return [*head, *rdzv, "-m", module, *args]
 
 
-def check_nodes(
+def validate_nodes(
     nnodes: int, nproc_per_node: int, rendezvous: str, node_ranks: Sequence[int]
 ) -> list[int]:
     """The node ranks to start, after checking every argument; ValueError names the bad one."""
@@ -132,10 +132,10 @@ def launch_nodes(
 
     Leave a node out of ``node_ranks`` to see what the others are told when it never comes.
     """
-    ranks = check_nodes(
+    ranks = validate_nodes(
         nnodes, nproc_per_node, rendezvous, range(nnodes) if node_ranks is None else node_ranks
     )
-    port = free_port() if port is None else check_port(port)
+    port = free_port() if port is None else validate_port(port)
     log_dir, created = new_log_dir(module, log_dir)
     result_file = log_dir / "result.json"
     result_file.unlink(missing_ok=True)

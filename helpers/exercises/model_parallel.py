@@ -11,7 +11,7 @@ from helpers.exercises.feedback import Wrong, answer, checker
 from helpers.memory import measure_training_memory
 from helpers.model_parallel.resnet import resnet50, resnet_layers
 from helpers.model_parallel.toy import ToyModel
-from helpers.pipeline.balance import balanced_split_points
+from helpers.pipeline.stage_cuts import balanced_split_points
 
 
 def _adam_cases() -> list[tuple[str, nn.Module, int, int]]:

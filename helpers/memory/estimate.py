@@ -13,13 +13,13 @@ from torch import nn
 
 from helpers.memory.layer_rules import activation_bytes
 from helpers.memory.ledger import DeviceMemory, Ledger
-from helpers.memory.optimizers import STATE_COPIES, STEP_BYTES, check_optimizer
+from helpers.memory.optimizers import STATE_COPIES, STEP_BYTES, validate_optimizer
 from helpers.memory.transformer import TransformerShape
 
 PRECISIONS = ("fp32", "mixed")
 
 
-def check_precision(name: str) -> str:
+def validate_precision(name: str) -> str:
     """``name`` if known, else a ValueError naming the choices."""
     if name not in PRECISIONS:
         raise ValueError(f"unknown precision {name!r}; valid choices: {', '.join(PRECISIONS)}")
@@ -34,8 +34,8 @@ def parameter_memory(numel: int, tensors: int, *, optimizer: str, precision: str
     ``mixed``: 16-bit weights and grads (2 + 2 bytes) and a float32 master copy (4) that
     the optimizer updates, plus its float32 copies: 16 bytes per parameter with Adam.
     """
-    check_optimizer(optimizer)
-    if check_precision(precision) == "fp32":
+    validate_optimizer(optimizer)
+    if validate_precision(precision) == "fp32":
         state = STATE_COPIES[optimizer] * 4 * numel
         return DeviceMemory(4 * numel + buffers, 4 * numel, state + STEP_BYTES[optimizer] * tensors)
     state = (1 + STATE_COPIES[optimizer]) * 4 * numel + STEP_BYTES[optimizer] * tensors
@@ -64,7 +64,7 @@ def estimate_layers(
     ``sample_shape`` is one input's shape without the batch; ``loss`` is ``"mse"`` or
     ``"cross_entropy"``.
     """
-    check_optimizer(optimizer)
+    validate_optimizer(optimizer)
     if not isinstance(batch, int) or batch < 1:
         raise ValueError(f"batch={batch!r}; valid: an integer >= 1")
     bounds = [0, *split_points, len(layers)]
@@ -102,7 +102,7 @@ def estimate_transformer(
     head too, by vocabulary); ``in_flight`` is how many micro-batches of ``batch``
     sequences each stage keeps activations for at its peak (default 1 each).
     """
-    check_precision(precision)
+    validate_precision(precision)
     stages = list(stages or [shape.blocks])
     if sum(stages) != shape.blocks or min(stages) < 1:
         raise ValueError(f"stages {stages} must be >= 1 each and add up to {shape.blocks} blocks")
@@ -187,7 +187,7 @@ def estimate_training_memory(
         shape = model if isinstance(model, TransformerShape) else TransformerShape.of(config)
         return estimate_transformer(shape, batch=batch, seq=seq, optimizer=optimizer,
                                     precision=precision, names=names, **transformer)
-    if check_precision(precision) != "fp32" or transformer:
+    if validate_precision(precision) != "fp32" or transformer:
         raise ValueError(f"precision={precision!r} and {sorted(transformer)} apply to "
                          "transformer shapes only; valid for a chain of layers: fp32, no options")
     if sample_shape is None:

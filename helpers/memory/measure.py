@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from helpers.memory.ledger import DeviceMemory, Ledger
-from helpers.memory.optimizers import check_optimizer, make_optimizer
+from helpers.memory.optimizers import make_optimizer, validate_optimizer
 from helpers.memory.saved import SavedTensorMeter
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -67,7 +67,7 @@ def measure_training_memory(
     activation it receives, as a real device does). The model's weights, buffers, grads
     and training flag are restored afterwards: measuring changes nothing.
     """
-    check_optimizer(optimizer)
+    validate_optimizer(optimizer)
     _check(model, inputs)
     loss_fn = loss_fn or default_loss
     owner = _owner(model, parts)

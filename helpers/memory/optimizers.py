@@ -14,7 +14,7 @@ STATE_COPIES = {"sgd": 0, "sgd_momentum": 1, "adam": 2}
 STEP_BYTES = {"sgd": 0, "sgd_momentum": 0, "adam": 4}
 
 
-def check_optimizer(name: str) -> str:
+def validate_optimizer(name: str) -> str:
     """``name`` if it is a known optimizer, else a ValueError naming the choices."""
     if name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {name!r}; valid choices: {', '.join(OPTIMIZERS)}")
@@ -23,7 +23,7 @@ def check_optimizer(name: str) -> str:
 
 def make_optimizer(name: str, params: Iterable[torch.nn.Parameter], lr: float):
     """``torch.optim`` optimizer for a ledger name (SGD momentum 0.9; Adam's defaults)."""
-    check_optimizer(name)
+    validate_optimizer(name)
     params = list(params)
     if name == "adam":
         return torch.optim.Adam(params, lr=lr, foreach=False)
@@ -32,5 +32,5 @@ def make_optimizer(name: str, params: Iterable[torch.nn.Parameter], lr: float):
 
 def state_bytes(name: str, numel: int, element_size: int, tensors: int) -> int:
     """Optimizer state for ``tensors`` parameter tensors of ``numel`` elements in all."""
-    check_optimizer(name)
+    validate_optimizer(name)
     return STATE_COPIES[name] * numel * element_size + STEP_BYTES[name] * tensors

@@ -15,7 +15,7 @@ from torch import nn
 Layers = Sequence[tuple[str, nn.Module]]
 
 
-def check_split_points(split_points: Sequence[int], num_layers: int) -> list[int]:
+def validate_split_points(split_points: Sequence[int], num_layers: int) -> list[int]:
     """Validate cut positions: strictly increasing, each in 1..num_layers-1."""
     points = list(split_points)
     if len(points) + 1 > num_layers:
@@ -39,7 +39,7 @@ def check_split_points(split_points: Sequence[int], num_layers: int) -> list[int
 
 def split_layers(layers: Layers, split_points: Sequence[int]) -> list[nn.Sequential]:
     """The layers cut before each split point, as one ``nn.Sequential`` per stage."""
-    points = check_split_points(split_points, len(layers))
+    points = validate_split_points(split_points, len(layers))
     bounds = [0, *points, len(layers)]
     return [
         nn.Sequential(OrderedDict(layers[a:b])) for a, b in zip(bounds, bounds[1:], strict=False)

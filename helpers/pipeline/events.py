@@ -4,7 +4,7 @@
 schedule calls to compute: ``forward_one_chunk`` (F), ``backward_one_chunk`` (B, or I
 when a zero-bubble schedule asks for the input gradient only) and
 ``backward_weight_one_chunk`` (W), and the schedules' wait for sends and receives to complete
-(``_wait_batch_p2p``, a private function: ``check_instrumentable`` fails loudly if a torch
+(``_wait_batch_p2p``, a private function: ``validate_instrumentable`` fails loudly if a torch
 upgrade removes it). Times come from ``time.monotonic_ns``, one clock for all processes
 of a machine, so ranks' events line up; on a GPU each action ends with a synchronize, so
 its time is the GPU's, not the launch's.
@@ -40,7 +40,7 @@ class Action:
         return asdict(self)
 
 
-def check_instrumentable(stage: object | None = None) -> None:
+def validate_instrumentable(stage: object | None = None) -> None:
     """Raise if the pipelining internals that ``record_actions`` wraps are gone."""
     missing = [] if callable(getattr(schedules_module, "_wait_batch_p2p", None)) else [
         "torch.distributed.pipelining.schedules._wait_batch_p2p"]
@@ -60,7 +60,7 @@ def record_actions(rank: int, stages: Sequence[object], meter: object | None = N
     after each action.
     """
     for stage in stages:
-        check_instrumentable(stage)
+        validate_instrumentable(stage)
     out: list[Action] = []
 
     def live() -> int:

@@ -32,7 +32,7 @@ def build_stack(width: int, blocks: int, seed: int = 0) -> nn.Sequential:
     return nn.Sequential(*(MLPBlock(width) for _ in range(blocks)))
 
 
-def check_plan(schedule: str, ranks: int, microbatches: int, blocks: int, batch: int) -> int:
+def validate_plan(schedule: str, ranks: int, microbatches: int, blocks: int, batch: int) -> int:
     """Chunks in all (ranks x chunks per rank), after checking every choice; else ValueError."""
     if schedule not in SCHEDULE_NAMES:
         raise ValueError(f"unknown schedule {schedule!r}; valid: {', '.join(SCHEDULE_NAMES)}")

@@ -24,7 +24,7 @@ def ideal_speedup(stages: int, microbatches: int) -> float:
     return stages * microbatches / (microbatches + stages - 1)
 
 
-def check_microbatches(batch_size: int, microbatches: int) -> int:
+def validate_microbatches(batch_size: int, microbatches: int) -> int:
     """The micro-batch size, or an error when ``microbatches`` does not divide the batch."""
     if not isinstance(microbatches, int) or microbatches < 1:
         raise ValueError(f"microbatches={microbatches!r}; valid: an integer >= 1")
@@ -50,7 +50,7 @@ class MicroBatchPipeline(nn.Module):
         self.microbatches = microbatches
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        size = check_microbatches(x.shape[0], self.microbatches)
+        size = validate_microbatches(x.shape[0], self.microbatches)
         stages, devices = self.staged.stages, self.staged.devices
         k_count, m_count = len(stages), self.microbatches
         acts: list[list[torch.Tensor | None]] = [[None] * m_count for _ in range(k_count + 1)]
@@ -77,7 +77,7 @@ def accumulated_step(
     Mean of the micro-batch losses, so with equal micro-batches the gradient is that of
     the whole batch — except where a layer mixes samples (BatchNorm's batch statistics).
     """
-    size = check_microbatches(inputs.shape[0], microbatches)
+    size = validate_microbatches(inputs.shape[0], microbatches)
     loss_fn = loss_fn or nn.MSELoss()
     model.train(True)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from helpers.distributed.launcher import launch
 from helpers.pipeline.events import COMPUTE, bubble_theory, idle_fractions
-from helpers.pipeline.mlp_stack import CHUNKS_PER_RANK, SCHEDULE_NAMES, check_plan
+from helpers.pipeline.mlp_stack import CHUNKS_PER_RANK, SCHEDULE_NAMES, validate_plan
 from helpers.pipeline.timeline import ideal_timeline
 
 MODULE = "helpers.pipeline.schedules_worker"
@@ -24,7 +24,7 @@ def launch_schedules(
 ) -> dict:
     """Run every schedule in one launch of ``ranks`` processes; adds each one's ideal timeline."""
     for name in names:
-        check_plan(name, ranks, microbatches, blocks, batch)
+        validate_plan(name, ranks, microbatches, blocks, batch)
     args = {"--schedules": ",".join(names), "--microbatches": microbatches, "--batch": batch,
             "--width": width, "--blocks": blocks, "--steps": steps}
     result = launch(MODULE, [str(x) for kv in args.items() for x in kv], nproc=ranks,

@@ -28,7 +28,7 @@ from helpers.core.checks import StepResult, compare_steps
 from helpers.distributed.ranks import Rank, process_group, worker_main, write_result
 from helpers.memory.saved import SavedTensorMeter
 from helpers.pipeline.events import record_actions
-from helpers.pipeline.mlp_stack import build_stack, check_plan, chunk_of, rank_chunks
+from helpers.pipeline.mlp_stack import build_stack, chunk_of, rank_chunks, validate_plan
 from helpers.pipeline.schedule import accumulated_step
 
 CLASSES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
@@ -52,7 +52,7 @@ class Runner:
     """This rank's chunks of one schedule, with their optimizer and one step function."""
 
     def __init__(self, name: str, model: nn.Sequential, rank: Rank, args: argparse.Namespace):
-        chunks = check_plan(name, rank.world_size, args.microbatches, args.blocks, args.batch)
+        chunks = validate_plan(name, rank.world_size, args.microbatches, args.blocks, args.batch)
         self.ids = rank_chunks(name, rank.rank, rank.world_size)
         self.modules = [chunk_of(model, chunks, i).to(rank.device) for i in self.ids]
         self.stages = [PipelineStage(m, i, chunks, rank.device)
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(1)
         names = args.schedules.split(",")
         for name in names:  # every choice checked on every rank before any step
-            check_plan(name, rank.world_size, args.microbatches, args.blocks, args.batch)
+            validate_plan(name, rank.world_size, args.microbatches, args.blocks, args.batch)
         model = build_stack(args.width, args.blocks)
         g = torch.Generator().manual_seed(1)
         x = torch.randn(args.batch, args.width, generator=g).to(rank.device)

@@ -25,7 +25,7 @@ from helpers.distributed.ranks import Rank, process_group, write_result
 from helpers.memory.saved import SavedTensorMeter
 from helpers.model_parallel.resnet import one_hot_labels, resnet50, resnet_layers, split_points_at
 from helpers.model_parallel.stages import split_layers
-from helpers.pipeline.schedule import accumulated_step, check_microbatches
+from helpers.pipeline.schedule import accumulated_step, validate_microbatches
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 MODULE = "helpers.pipeline.stage_worker"
@@ -57,7 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:
         p.error(f"unknown schedule(s) {unknown}; valid: {sorted(SCHEDULES)}")
     for _, m in args.runs:
-        check_microbatches(args.batch, m)
+        validate_microbatches(args.batch, m)
     return args
 
 
@@ -111,7 +111,7 @@ class StageTrainer:
         return step
 
 
-def check_step(
+def prove_step(
     trainer: StageTrainer, reference: nn.Module | None, schedule: str, m: int, lr: float
 ) -> dict | None:
     """One pipelined step vs the one-process step accumulated over the same micro-batches.
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
             for schedule, m in dict.fromkeys(args.runs):
                 trainer.module.load_state_dict(start)
                 ref = copy.deepcopy(reference) if reference is not None else None
-                result["checks"].append(check_step(trainer, ref, schedule, m, lr=args.lr))
+                result["checks"].append(prove_step(trainer, ref, schedule, m, lr=args.lr))
             trainer.module.load_state_dict(start)
         for schedule, m in args.runs:
             times = time_run(trainer, schedule, m, args.steps, args.warmup)

@@ -29,8 +29,8 @@ from helpers.core.files import (
 )
 from helpers.core.optional import quiet_logs, require
 from helpers.core.paths import display_path
-from helpers.placement.balance import check_strategy
 from helpers.placement.planner import Device, tensor_devices
+from helpers.placement.strategies import validate_strategy
 
 FORMAT = "offload/1"
 ACCELERATE_LOGGERS = ("accelerate.utils.modeling", "accelerate.big_modeling")
@@ -136,7 +136,7 @@ def accelerate_without_max_memory(
     if no_split is None:
         no_split = list(getattr(model, "_no_split_modules", None) or [])
     budgets = dict(free)
-    if check_strategy(strategy) != "sequential":
+    if validate_strategy(strategy) != "sequential":
         original = modeling.get_max_memory
         modeling.get_max_memory = lambda max_memory=None: dict(free if max_memory is None
                                                                else max_memory)
@@ -173,7 +173,7 @@ def accelerate_device_map(
     if no_split is None:
         no_split = list(getattr(model, "_no_split_modules", None) or [])
     budgets = dict(max_memory)
-    if check_strategy(strategy) != "sequential":
+    if validate_strategy(strategy) != "sequential":
         low_zero = strategy == "balanced_low_0"
         budgets = accelerate_balanced_memory(
             model, budgets, low_zero=low_zero, no_split=no_split, dtype=dtype

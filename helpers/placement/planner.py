@@ -2,7 +2,7 @@
 
 1. Budgets: ``"sequential"`` takes ``max_memory`` as given; ``"auto"``, ``"balanced"`` and
    ``"balanced_low_0"`` first lower the GPU budgets to spread the model over all the GPUs
-   (:mod:`helpers.placement.balance`).
+   (:mod:`helpers.placement.strategies`).
 2. The fill: walk the modules in order, sized from parameters and buffers; put each on the
    current device (GPU 0, GPU 1, ..., CPU, disk) if it fits, else replace it by its children,
    unless its class is unsplittable (a transformer block: its residual must stay on one
@@ -22,8 +22,8 @@ from torch import nn
 
 from helpers.core.errors import DoesNotFitError
 from helpers.core.sizes import format_bytes
-from helpers.placement.balance import balanced_budgets, check_strategy
 from helpers.placement.sizing import Device, module_sizes, parse_budgets
+from helpers.placement.strategies import balanced_budgets, validate_strategy
 
 Entry = tuple[str, nn.Module | torch.Tensor]
 
@@ -104,7 +104,7 @@ def plan_device_map(
     are used: add ``"disk"`` to let the rest spill there.
     """
 
-    check_strategy(strategy)
+    validate_strategy(strategy)
     if no_split is None:
         no_split = getattr(model, "_no_split_modules", None) or []
     no_split = set(no_split)

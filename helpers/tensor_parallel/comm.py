@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from helpers.core.sizes import format_bytes
-from helpers.tensor_parallel.ffn import check_split
+from helpers.tensor_parallel.ffn import validate_split
 
 
 class _CopyToTensorParallel(torch.autograd.Function):
@@ -94,7 +94,7 @@ def tp_cost(
     dtype_bytes: int,
 ) -> TpCost:
     """FLOPs, weight bytes and all-reduce bytes per rank for ``world_size`` ranks."""
-    per_rank = check_split(ffn_size, world_size)
+    per_rank = validate_split(ffn_size, world_size)
     tokens = batch_size * seq_len
     flops = 2 * tokens * hidden_size * per_rank * 2  # fc1 and fc2, each 2*m*n*k
     output_bytes = tokens * hidden_size * dtype_bytes

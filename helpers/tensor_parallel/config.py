@@ -15,7 +15,7 @@ import torch
 from helpers.core.devices import BACKEND_CHOICES, resolve_dtype
 from helpers.core.paths import RESULTS_DIR
 from helpers.core.profiles import Profile
-from helpers.tensor_parallel.ffn import FeedForward, check_split, make_input
+from helpers.tensor_parallel.ffn import FeedForward, make_input, validate_split
 
 MODES = ("auto", "native", "tp")
 
@@ -64,7 +64,7 @@ class DemoConfig:
             value = getattr(self, name)
             if value < 1:
                 raise ValueError(f"--{name} {value}; valid: an integer >= 1")
-        check_split(self.ffn_size, self.world_size)
+        validate_split(self.ffn_size, self.world_size)
         resolve_dtype(self.dtype)
         if self.mode not in MODES:
             raise ValueError(f"--mode {self.mode!r}; valid choices: {', '.join(MODES)}")

@@ -17,7 +17,7 @@ SEED = 1  # the source seeds the model with torch.manual_seed(1)
 ACTIVATIONS = ("none", "gelu")
 
 
-def check_split(ffn_size: int, world_size: int) -> int:
+def validate_split(ffn_size: int, world_size: int) -> int:
     """``ffn_size // world_size`` after checking that the split is possible."""
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size={world_size!r}; valid: an integer >= 1")
@@ -35,7 +35,7 @@ def check_split(ffn_size: int, world_size: int) -> int:
 
 def shard_rows(ffn_size: int, world_size: int, rank: int) -> slice:
     """The slice of the ffn dimension that rank ``rank`` owns."""
-    per_rank = check_split(ffn_size, world_size)
+    per_rank = validate_split(ffn_size, world_size)
     if not isinstance(rank, int) or not 0 <= rank < world_size:
         raise ValueError(f"rank={rank!r}; valid: 0 .. {world_size - 1} for world size {world_size}")
     return slice(rank * per_rank, (rank + 1) * per_rank)
@@ -104,7 +104,7 @@ class FeedForwardShard(nn.Module):
 
 def split_weights(model: FeedForward, world_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per rank: (fc1 rows, fc2 columns), exactly ``torch.split`` as the source does it."""
-    per_rank = check_split(model.fc1.weight.shape[0], world_size)
+    per_rank = validate_split(model.fc1.weight.shape[0], world_size)
     fc1 = torch.split(model.fc1.weight.detach(), per_rank, dim=0)
     fc2 = torch.split(model.fc2.weight.detach(), per_rank, dim=1)
     return list(zip(fc1, fc2, strict=True))

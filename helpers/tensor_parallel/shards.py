@@ -24,7 +24,7 @@ from helpers.core.files import (
     write_verified_folder,
 )
 from helpers.core.paths import display_path
-from helpers.tensor_parallel.ffn import FeedForward, FeedForwardShard, check_split, split_weights
+from helpers.tensor_parallel.ffn import FeedForward, FeedForwardShard, split_weights, validate_split
 
 FORMAT = "tp-ffn-shards/1"
 FILE_DTYPE = np.dtype("<f4")  # float32, little-endian: the bytes numpy's tofile writes on x86/ARM
@@ -44,7 +44,7 @@ def chunk_file_bytes(t: torch.Tensor) -> bytes:
 def write_shards(model: FeedForward, world_size: int, folder: str | Path) -> Path:
     """Write ``model``'s shards for ``world_size`` ranks into ``folder``; returns the manifest path."""
     ffn_size, hidden_size = model.fc1.weight.shape
-    check_split(ffn_size, world_size)
+    validate_split(ffn_size, world_size)
     payloads, file_meta = {}, {}
     for rank, (fc1, fc2) in enumerate(split_weights(model, world_size)):
         for name, tensor, dim in zip(shard_file_names(rank), (fc1, fc2), (0, 1), strict=True):
@@ -132,7 +132,7 @@ def load_shard(
             )
     hidden, ffn = manifest["hidden_size"], manifest["ffn_size"]
     shard = FeedForwardShard(hidden, ffn, world_size, rank, activation)
-    per_rank = check_split(ffn, world_size)
+    per_rank = validate_split(ffn, world_size)
     fc1_name, fc2_name = shard_file_names(rank)
     fc1 = _read_chunk(folder, fc1_name, manifest, (per_rank, hidden))
     fc2 = _read_chunk(folder, fc2_name, manifest, (hidden, per_rank))

@@ -20,7 +20,7 @@ from helpers.placement.sizing import Device, module_sizes, parse_budgets
 STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 
 
-def check_strategy(strategy: object) -> str:
+def validate_strategy(strategy: object) -> str:
     """``strategy`` if it is one of transformers' ``device_map`` strategies, else ValueError."""
     if not isinstance(strategy, str) or strategy not in STRATEGIES:
         valid = ", ".join(repr(s) for s in STRATEGIES)
