@@ -30,9 +30,12 @@ run: $(STAMP)
 test: $(STAMP)
 	TUTORIAL_PROFILE=small CUDA_VISIBLE_DEVICES= $(PY) -m pytest
 
-## lab: open the series in JupyterLab
+## lab: open the series in JupyterLab (as root too, as in a class's container), without the
+## first-start news prompt (docs/lab/overrides.json)
+LAB_SETTINGS := $(VENV)/share/jupyter/lab/settings
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab notebooks/
+	@mkdir -p $(LAB_SETTINGS) && cp docs/lab/overrides.json $(LAB_SETTINGS)/overrides.json
+	$(VENV)/bin/jupyter lab notebooks/ $$([ "$$(id -u)" = 0 ] && echo --allow-root)
 
 ## refresh: re-execute the lessons in place (small profile, CPU) to update nbval's reference
 refresh: $(STAMP)

@@ -75,10 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     os.environ[PROGRESS_ENV] = "final"  # the kernels inherit it: no progress-bar redraws stored
-    profile = resolve_name()
     try:
+        profile = resolve_name()
         paths = lessons(args.only)
-    except ValueError as error:
+    except ValueError as error:  # a mistyped TUTORIAL_PROFILE or --only: one line, no traceback
         parser.error(str(error))
     print(f"Executing {len(paths)} lesson(s), profile '{profile}'; {machine_info().describe()}")
     start = time.time()

@@ -37,3 +37,17 @@ def test_unknown_profile_names_the_value_and_choices(monkeypatch, bad):
     monkeypatch.setenv(profiles.ENV_VAR, bad)
     with pytest.raises(ValueError, match=rf"unknown profile '{bad}'.*small, full, auto"):
         profiles.get_profile()
+
+
+def test_a_mistyped_profile_given_to_the_runner_is_one_line(monkeypatch, capsys):
+    """`TUTORIAL_PROFILE=smal make run` ends with the bad value and the choices, no traceback."""
+    from course_tools import run_notebooks
+
+    monkeypatch.setenv("TUTORIAL_PROFILE", "smal")
+    monkeypatch.setenv("TUTORIAL_PROGRESS", "final")  # main sets it; restored after the test
+    with pytest.raises(SystemExit) as stop:
+        run_notebooks.main([])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown profile 'smal'" in err and "valid choices: small, full, auto" in err
+    assert "Traceback" not in err
