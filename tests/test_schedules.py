@@ -17,7 +17,13 @@ from helpers.pipeline.events import (
     record_actions,
     validate_instrumentable,
 )
-from helpers.pipeline.mlp_stack import build_stack, chunk_of, rank_chunks, validate_plan
+from helpers.pipeline.mlp_stack import (
+    SchedulesConfig,
+    build_stack,
+    chunk_of,
+    rank_chunks,
+    validate_plan,
+)
 from helpers.pipeline.schedules_run import launch_schedules
 from helpers.pipeline.timeline import ideal_timeline
 
@@ -123,27 +129,35 @@ def test_bad_choices_are_refused_before_any_launch(args, words, monkeypatch):
                         lambda *a, **k: pytest.fail("launched despite a bad choice"))
     name, ranks, m, blocks, batch = args
     with pytest.raises(ValueError, match=words):
-        launch_schedules([name], ranks=ranks, microbatches=m, batch=batch, width=8,
-                         blocks=blocks, steps=1)
+        launch_schedules(SchedulesConfig(m, batch, 8, blocks, 1, ranks, (name,)))
 
 
 @pytest.mark.torchrun
 @pytest.mark.slow
 def test_every_schedule_is_proven_and_timed_on_two_ranks():
-    from helpers.pipeline.schedules_run import schedule_numbers
-
-    result = launch_schedules(ranks=2, microbatches=4, batch=32, width=32, blocks=4, steps=1,
-                              timeout=300)
-    numbers = schedule_numbers(result)
-    assert list(numbers) == ["gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"]
-    for name, n in numbers.items():
-        assert n["proof_ok"], (name, n["proof"])
-        kinds = {a["kind"] for a in result["schedules"][name]["actions"]}
+    config = SchedulesConfig(microbatches=4, batch=32, width=32, blocks=4, steps=1)
+    result = launch_schedules(config, timeout=300)
+    assert list(result.runs) == ["gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"]
+    assert result.proofs_ok and result.replays_match_formulas, result.proof_table()
+    for name, run in result.runs.items():
+        kinds = {a["kind"] for a in run.actions}
         assert kinds >= ({"F", "I", "W"} if name == "zero_bubble" else {"F", "B"}), name
-        assert n["ideal_idle_fraction"] == pytest.approx(n["bubble_theory"]), name
+        assert run.ideal_idle_fraction == pytest.approx(run.bubble_theory), name
     batch_bytes = 32 * 32 * 4  # the input batch, held whole on the first rank
-    gpipe, one_f = (numbers[s]["peak_activation_bytes"][0] - batch_bytes for s in ("gpipe", "1f1b"))
+    gpipe, one_f = (peak[0] - batch_bytes for peak in result.peaks("gpipe", "1f1b"))
     assert one_f / gpipe == pytest.approx(2 / 4, rel=0.02)
+    split = result.cost_split_report()
+    assert "zero_bubble, rank 0: I/F = " in split and "zero_bubble, rank 1: I/F = " in split
+    assert "with I = W = F (formula and replay)" in split
+    numbers = result.numbers()
+    assert numbers["backend"] == "gloo" and numbers["sizes"]["microbatches"] == 4
+    assert numbers["gpipe"]["proof_ok"] and "seconds_by_kind" in numbers["zero_bubble"]
+
+
+def test_the_config_round_trips_through_the_workers_command_line():
+    config = SchedulesConfig(8, 64, width=16, blocks=4, steps=2, ranks=2,
+                             schedules=("gpipe", "zero_bubble"), lr=0.5)
+    assert SchedulesConfig.from_args(config.args(), ranks=2) == config
 
 
 def test_the_worker_started_without_torchrun_says_how_to_launch_it():
@@ -158,18 +172,6 @@ def test_the_worker_started_without_torchrun_says_how_to_launch_it():
     assert run.returncode == 1
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and f"torchrun --nproc-per-node=2 -m {module}" in lines[0], run.stderr
-
-
-def test_cost_split_report_prints_measured_ratios_and_three_idle_shares():
-    from helpers.pipeline.schedules_run import cost_split_report
-
-    numbers = {"zero_bubble": {
-        "ranks": 2, "seconds_by_kind": {"F": [1.0, 2.0], "I": [0.5, 2.0], "W": [1.0, 3.0]},
-        "bubble_theory": 0.04, "free_communication_idle_fraction": 0.1,
-        "idle_fraction": [0.24, 0.12]}}
-    text = cost_split_report(numbers)
-    assert "rank 0: I/F = 0.50, W/F = 1.00" in text and "rank 1: I/F = 1.00, W/F = 1.50" in text
-    assert "4.0% with I = W = F" in text and "10.0% replaying" in text and "24% 12%" in text
 
 
 def test_resnet_split_tolerance_is_tight_on_the_cpu_only():

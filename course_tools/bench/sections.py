@@ -9,8 +9,9 @@ import statistics
 from collections.abc import Sequence
 
 from helpers.core.devices import plan_devices
+from helpers.pipeline.mlp_stack import SchedulesConfig
 from helpers.pipeline.schedule import ideal_speedup
-from helpers.pipeline.schedules_run import launch_schedules, schedule_numbers
+from helpers.pipeline.schedules_run import launch_schedules
 from helpers.pipeline.stage_cuts import balanced_cut_names
 from helpers.pipeline.timings import in_process_timings, pipelined_runs, timings_by_run
 from helpers.tensor_parallel.runs import WORLD_SIZES, sweep_config, tp_sweep
@@ -83,13 +84,9 @@ def pipeline_section(
 
 def schedules_section(ranks: int = 2, microbatches: int = 8, batch: int = 1024,
                       width: int = 512, blocks: int = 8, steps: int = 5) -> dict:
-    """``make bench``'s ``schedules`` section: the lesson's run at a larger size."""
-    result = launch_schedules(ranks=ranks, microbatches=microbatches, batch=batch, width=width,
-                              blocks=blocks, steps=steps, timeout=1800)
-    numbers = schedule_numbers(result)
-    return {"sizes": {"ranks": ranks, "microbatches": microbatches, "batch": batch,
-                      "width": width, "blocks": blocks, "steps": steps},
-            "backend": result["backend"], **numbers}
+    """``make bench``'s ``schedules`` section: lesson 04's run at a larger size."""
+    config = SchedulesConfig(microbatches, batch, width, blocks, steps, ranks)
+    return launch_schedules(config, timeout=1800).numbers()
 
 
 def tp_section() -> dict:

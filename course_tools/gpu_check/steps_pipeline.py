@@ -152,35 +152,22 @@ def step_schedules(ctx: Context, fig: dict) -> None:
     per rank, else gloo on the CPU), each proven against one process, then timed."""
     from course_tools.gpu_check.context import StepSkipped
     from helpers.pipeline.events import validate_instrumentable
-    from helpers.pipeline.schedules_run import (
-        PROOF_TOLERANCE,
-        format_numbers,
-        launch_schedules,
-        schedule_numbers,
-    )
+    from helpers.pipeline.mlp_stack import SchedulesConfig
+    from helpers.pipeline.schedules_run import PROOF_TOLERANCE, launch_schedules
 
     try:
         validate_instrumentable()
     except RuntimeError as error:  # an older or newer torch without what lesson 04 wraps
         raise StepSkipped(str(error)) from None
-    s, ranks = ctx.sizes, 2
-    result = launch_schedules(ranks=ranks, microbatches=s.sched_micro, batch=s.sched_batch,
-                              width=s.sched_width, blocks=s.sched_blocks, steps=s.sched_steps,
-                              timeout=300)
-    numbers = schedule_numbers(result)
-    print(format_numbers(numbers))
-    fig.update({
-        "ranks": ranks, "backend": result["backend"],
-        "backend_reason": plan_devices(ranks, processes=True).reason,
-        "sizes": {"width": s.sched_width, "blocks": s.sched_blocks, "batch": s.sched_batch,
-                  "microbatches": s.sched_micro, "steps": s.sched_steps},
-        "proof_tolerance": PROOF_TOLERANCE,
-        "schedules": {name: {k: n[k] for k in (
-            "step_s", "step_std_s", "idle_fraction", "free_communication_idle_fraction",
-            "bubble_theory", "peak_activation_bytes", "proof", "proof_ok")}
-            for name, n in numbers.items()},
-    })
+    s = ctx.sizes
+    config = SchedulesConfig(s.sched_micro, s.sched_batch, s.sched_width, s.sched_blocks,
+                             s.sched_steps, ranks=2)
+    result = launch_schedules(config, timeout=300)
+    print(result.table())
+    fig.update(result.numbers())
+    fig["backend_reason"] = plan_devices(config.ranks, processes=True).reason
+    fig["proof_tolerance"] = PROOF_TOLERANCE
     # gloo: float32 on the CPU, as the reference; NCCL stages run on GPUs (recorded, not judged)
-    bad = [name for name, n in numbers.items() if not n["proof_ok"]]
-    if bad and result["backend"] == "gloo":
+    bad = [name for name, run in result.runs.items() if not run.proof.ok]
+    if bad and result.backend == "gloo":
         raise AssertionError(f"{bad} differ from one process beyond {PROOF_TOLERANCE:g}")

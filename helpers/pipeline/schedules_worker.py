@@ -8,10 +8,10 @@ send and receive waits) and the live activation bytes of the last one. Rank 0 re
 
 from __future__ import annotations
 
-import argparse
 import copy
 import sys
 import time
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
@@ -28,39 +28,34 @@ from helpers.core.checks import StepResult, compare_steps
 from helpers.distributed.ranks import Rank, process_group, worker_main, write_result
 from helpers.memory.saved import SavedTensorMeter
 from helpers.pipeline.events import record_actions
-from helpers.pipeline.mlp_stack import build_stack, chunk_of, rank_chunks, validate_plan
+from helpers.pipeline.mlp_stack import (
+    WORKER,
+    SchedulesConfig,
+    build_stack,
+    chunk_of,
+    rank_chunks,
+    validate_plan,
+)
 from helpers.pipeline.schedule import accumulated_step
 
 CLASSES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
            "interleaved_1f1b": ScheduleInterleaved1F1B, "zero_bubble": ScheduleInterleavedZeroBubble}
-MODULE = "helpers.pipeline.schedules_worker"
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--schedules", required=True, help="comma-separated, e.g. gpipe,1f1b")
-    p.add_argument("--microbatches", type=int, required=True)
-    p.add_argument("--batch", type=int, required=True)
-    p.add_argument("--width", type=int, default=256)
-    p.add_argument("--blocks", type=int, default=8)
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--lr", type=float, default=0.01)
-    return p.parse_args(argv)
+MODULE = WORKER
 
 
 class Runner:
     """This rank's chunks of one schedule, with their optimizer and one step function."""
 
-    def __init__(self, name: str, model: nn.Sequential, rank: Rank, args: argparse.Namespace):
-        chunks = validate_plan(name, rank.world_size, args.microbatches, args.blocks, args.batch)
+    def __init__(self, name: str, model: nn.Sequential, rank: Rank, config: SchedulesConfig):
+        chunks = validate_plan(name, rank.world_size, config.microbatches, config.blocks, config.batch)
         self.ids = rank_chunks(name, rank.rank, rank.world_size)
         self.modules = [chunk_of(model, chunks, i).to(rank.device) for i in self.ids]
         self.stages = [PipelineStage(m, i, chunks, rank.device)
                        for m, i in zip(self.modules, self.ids, strict=True)]
         one = self.stages[0] if len(self.stages) == 1 else self.stages
-        self.schedule = CLASSES[name](one, args.microbatches, loss_fn=nn.MSELoss())
+        self.schedule = CLASSES[name](one, config.microbatches, loss_fn=nn.MSELoss())
         params = [p for m in self.modules for p in m.parameters()]
-        self.optimizer = torch.optim.SGD(params, lr=args.lr)
+        self.optimizer = torch.optim.SGD(params, lr=config.lr)
         self.first = 0 in self.ids
         self.last = chunks - 1 in self.ids
 
@@ -73,7 +68,8 @@ class Runner:
         return out
 
 
-def prove(runner: Runner, reference: nn.Sequential | None, x, y, args) -> dict | None:
+def prove(runner: Runner, reference: nn.Sequential | None, x, y,
+          config: SchedulesConfig) -> dict | None:
     """The step's gradients, weights and output on rank 0 against the one-process step."""
     out = runner.step(x, y)
     mine = {i: [(n, p.grad.detach().cpu().clone(), p.detach().cpu().clone())
@@ -83,7 +79,7 @@ def prove(runner: Runner, reference: nn.Sequential | None, x, y, args) -> dict |
     dist.gather_object((mine, None if out is None else out.detach().cpu()), gathered, dst=0)
     if gathered is None:
         return None
-    ref = accumulated_step(reference, x.cpu(), y.cpu(), args.microbatches, lr=args.lr)
+    ref = accumulated_step(reference, x.cpu(), y.cpu(), config.microbatches, lr=config.lr)
     chunks = {i: rows for part, _ in gathered for i, rows in part.items()}
     rows = [r for i in sorted(chunks) for r in chunks[i]]
     output = next(o for _, o in gathered if o is not None)
@@ -92,14 +88,14 @@ def prove(runner: Runner, reference: nn.Sequential | None, x, y, args) -> dict |
     return {"output_diff": c.output, "grad_diff": c.grads, "weight_diff": c.weights}
 
 
-def run(name: str, model: nn.Sequential, rank: Rank, args, x, y) -> dict:
-    """Prove one step of ``name``, then time ``args.steps`` steps; events of the last one."""
-    runner = Runner(name, copy.deepcopy(model), rank, args)
+def run(name: str, model: nn.Sequential, rank: Rank, config: SchedulesConfig, x, y) -> dict:
+    """Prove one step of ``name``, then time ``config.steps`` steps; events of the last one."""
+    runner = Runner(name, copy.deepcopy(model), rank, config)
     reference = copy.deepcopy(model) if rank.rank == 0 else None
-    proof = prove(runner, reference, x, y, args)
+    proof = prove(runner, reference, x, y, config)
     times: list[float] = []
     actions, span, peak = [], (0, 0), 0
-    for _ in range(args.steps):
+    for _ in range(config.steps):
         meter = SavedTensorMeter(nn.ModuleList(runner.modules))
         dist.barrier()
         start = time.monotonic_ns()
@@ -119,21 +115,20 @@ def run(name: str, model: nn.Sequential, rank: Rank, args, x, y) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+    config = SchedulesConfig.from_args(argv)
     with process_group(MODULE) as rank:
         torch.set_num_threads(1)
-        names = args.schedules.split(",")
-        for name in names:  # every choice checked on every rank before any step
-            validate_plan(name, rank.world_size, args.microbatches, args.blocks, args.batch)
-        model = build_stack(args.width, args.blocks)
+        # every choice checked on every rank before any step
+        config = replace(config, ranks=rank.world_size).validate()
+        model = build_stack(config.width, config.blocks)
         g = torch.Generator().manual_seed(1)
-        x = torch.randn(args.batch, args.width, generator=g).to(rank.device)
-        y = torch.randn(args.batch, args.width, generator=g).to(rank.device)
+        x = torch.randn(config.batch, config.width, generator=g).to(rank.device)
+        y = torch.randn(config.batch, config.width, generator=g).to(rank.device)
         result = {"ranks": rank.world_size, "backend": rank.backend, "microbatches":
-                  args.microbatches, "batch": args.batch, "width": args.width,
-                  "blocks": args.blocks, "schedules": {}}
-        for name in names:
-            result["schedules"][name] = run(name, model, rank, args, x, y)
+                  config.microbatches, "batch": config.batch, "width": config.width,
+                  "blocks": config.blocks, "schedules": {}}
+        for name in config.schedules:
+            result["schedules"][name] = run(name, model, rank, config, x, y)
         write_result(rank, result)
 
 

@@ -10,11 +10,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 import matplotlib.pyplot as plt
 
 from helpers.core.plotting import save_figure
 from helpers.pipeline.events import COMPUTE
+
+
+class Recorded(Protocol):
+    """What the charts read of one schedule's run (``schedules_run.ScheduleRun``)."""
+
+    actions: list[dict]
+    start_ns: int
+
+    @property
+    def ideal(self) -> list[dict]: ...
+
 
 COLOURS = {"F": "#4c72b0", "B": "#dd8452", "I": "#e8a87c", "W": "#55a868", "wait": "#bbbbbb"}
 NAMES = {"F": "forward", "B": "backward", "I": "backward, input gradient",
@@ -82,15 +94,15 @@ def _draw(ax: plt.Axes, rows: Sequence[dict], ranks: int, scale: float, offset: 
     ax.set_axisbelow(True)
 
 
-def timeline_chart(runs: dict[str, dict], ranks: int, path: str | Path) -> Path:
+def timeline_chart(runs: dict[str, Recorded], ranks: int, path: str | Path) -> Path:
     """Per schedule: the measured timeline (ms) above its ideal tick diagram (unit costs)."""
     fig, axes = plt.subplots(2 * len(runs), 1, figsize=(10, 1.25 * ranks * 2 * len(runs) + 1.2))
     for i, (name, run) in enumerate(runs.items()):
-        measured = [{**a, "start": a["start_ns"], "end": a["end_ns"]} for a in run["actions"]]
-        _draw(axes[2 * i], measured, ranks, 1e-6, run["start_ns"])
+        measured = [{**a, "start": a["start_ns"], "end": a["end_ns"]} for a in run.actions]
+        _draw(axes[2 * i], measured, ranks, 1e-6, run.start_ns)
         axes[2 * i].set_title(f"{name}: measured", fontsize=9, loc="left")
         axes[2 * i].set_xlabel("time since the step began (ms)", fontsize=8)
-        _draw(axes[2 * i + 1], run["ideal"], ranks, 1.0, 0.0)
+        _draw(axes[2 * i + 1], run.ideal, ranks, 1.0, 0.0)
         axes[2 * i + 1].set_title(f"{name}: same order, ideal costs (forward = 1 per stage)",
                                   fontsize=9, loc="left")
         axes[2 * i + 1].set_xlabel("ticks", fontsize=8)
@@ -100,15 +112,15 @@ def timeline_chart(runs: dict[str, dict], ranks: int, path: str | Path) -> Path:
     return save_figure(fig, path)
 
 
-def memory_chart(runs: dict[str, dict], ranks: int, path: str | Path) -> Path:
+def memory_chart(runs: dict[str, Recorded], ranks: int, path: str | Path) -> Path:
     """Per schedule: activation bytes held for backward on each rank over the step (MiB)."""
     fig, axes = plt.subplots(1, len(runs), figsize=(3.2 * len(runs) + 1, 3.4), sharey=True,
                              squeeze=False)
     for ax, (name, run) in zip(axes[0], runs.items(), strict=True):
         for r in range(ranks):
-            points = sorted((a["end_ns"], a["live_bytes"]) for a in run["actions"]
+            points = sorted((a["end_ns"], a["live_bytes"]) for a in run.actions
                             if a["rank"] == r and a["kind"] in COMPUTE)
-            xs = [0.0] + [(t - run["start_ns"]) / 1e6 for t, _ in points]
+            xs = [0.0] + [(t - run.start_ns) / 1e6 for t, _ in points]
             ys = [0.0] + [b / 2**20 for _, b in points]
             ax.step(xs, ys, where="post", label=f"rank {r}")
         ax.set_title(name, fontsize=9)
