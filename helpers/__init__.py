@@ -17,11 +17,13 @@ The lessons
   activations.
 - 02 ``model_parallel.stages``, ``model_parallel.resnet``: a K-stage split of any layer list;
   ResNet50 and its training loop.
-- 03 ``pipeline.schedule``, ``pipeline.stage_cuts``, ``pipeline.stage_worker``,
-  ``pipeline.timings``, ``pipeline.speedup``, ``pipeline.plots``: micro-batches, balanced
-  cuts, one process per stage, the speed-up against the same processes at M = 1.
-- 04 ``pipeline.mlp_stack``, ``pipeline.events``, ``pipeline.schedules_worker``,
-  ``pipeline.timeline``, ``pipeline.schedules_run``: four schedules, timed action by action.
+- 03 ``pipeline.schedule``, ``pipeline.stage_cuts``, ``pipeline.stage_worker`` and
+  ``pipeline.stage_runs`` (its typed config and result), ``pipeline.timings``,
+  ``pipeline.speedup``, ``pipeline.plots``: micro-batches, balanced cuts, one process per
+  stage, the speed-up against the same processes at M = 1.
+- 04 ``pipeline.mlp_stack`` (with the launch's typed config), ``pipeline.events``,
+  ``pipeline.schedules_worker``, ``pipeline.timeline``, ``pipeline.schedules_run`` (the
+  typed result): four schedules, timed action by action.
 - 05 ``placement.sizing``, ``placement.strategies``, ``placement.planner``, ``placement.report``,
   ``placement.offload``, ``placement.tiny_lm``: ``device_map`` strategies by hand and with
   accelerate.

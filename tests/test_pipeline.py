@@ -16,7 +16,7 @@ from helpers.pipeline.schedule import (
     validate_microbatches,
 )
 from helpers.pipeline.stage_cuts import balanced_cut_names, balanced_split_points, layer_flops
-from helpers.pipeline.timings import pipelined_runs, timings_by_run
+from helpers.pipeline.stage_runs import PipelineConfig, launch_pipeline
 
 CPU = torch.device("cpu")
 
@@ -116,46 +116,41 @@ def test_balanced_resnet_cut_is_the_best_block_boundary():
 def test_two_process_pipeline_equals_one_process():
     """torch.distributed.pipelining with gloo: same loss, gradients and weights; 1F1B keeps
     at most K micro-batches' activations on the first stage, GPipe all M."""
-    piped = pipelined_runs(
-        8,
-        32,
-        2,
-        [("gpipe", 4), ("1f1b", 4)],
-        ["layer3_1"],
-        steps=1,
-        warmup=0,
-        num_classes=10,
-        timeout=300,
-    )
-    assert [(c["schedule"], c["microbatches"]) for c in piped["checks"]] == [("gpipe", 4), ("1f1b", 4)]
-    for check in piped["checks"]:  # every timed schedule is proven first
-        for key in ("output_diff", "loss_diff", "grad_diff", "weight_diff"):
-            assert check[key] <= 1e-5, (key, check)
-    gpipe, one_f = (c["peak_activation_bytes"] for c in piped["checks"])
+    config = PipelineConfig(8, 32, (("gpipe", 4), ("1f1b", 4)), ("layer3_1",), steps=1,
+                            warmup=0, num_classes=10)
+    piped = launch_pipeline(config, timeout=300)
+    assert [(p.schedule, p.microbatches) for p in piped.proofs] == [("gpipe", 4), ("1f1b", 4)]
+    assert piped.proofs_ok, piped.proof_table()  # every timed schedule is proven first
+    gpipe, one_f = piped.peak("gpipe", 4), piped.peak("1f1b", 4)
     # the first stage also keeps the whole input batch (the micro-batches are views of it)
     batch_bytes = 8 * 3 * 32 * 32 * 4
     assert (one_f[0] - batch_bytes) / (gpipe[0] - batch_bytes) == pytest.approx(2 / 4, rel=0.01)
     assert one_f[1] / gpipe[1] == pytest.approx(1 / 4, rel=0.05)  # the last stage: 1 of M
-    assert set(timings_by_run(piped)) == {("gpipe", 4), ("1f1b", 4)}
-    assert piped["backend"] == "gloo"
+    assert set(piped.timings()) == {("gpipe", 4), ("1f1b", 4)}
+    assert piped.backend == "gloo"
 
 
 @pytest.mark.torchrun
 def test_more_processes_than_stages_is_a_clear_error():
+    config = PipelineConfig(4, 32, (("gpipe", 2),), ("layer3_1",), steps=1, warmup=0,
+                            num_classes=10, check=False)
     with pytest.raises(LaunchError, match="failed") as info:
-        pipelined_runs(
-            4,
-            32,
-            3,
-            [("gpipe", 2)],
-            ["layer3_1"],
-            steps=1,
-            warmup=0,
-            check=False,
-            num_classes=10,
-            timeout=300,
-        )
+        launch_pipeline(config, nproc=3, timeout=300)
     assert "--split gives 2 stages but torchrun started 3 processes" in info.value.log_tail
+
+
+def test_the_pipeline_config_round_trips_and_refuses_bad_runs(capsys):
+    config = PipelineConfig(16, 64, (("gpipe", 4), ("1f1b", 2)), ("layer2_0", "layer3_1"),
+                            steps=2, warmup=1, num_classes=10, threads=2, seed=3, lr=0.5)
+    assert PipelineConfig.from_args(config.args()) == config and config.stages == 3
+    with pytest.raises(ValueError, match=r"unknown schedule\(s\) \['zb'\]; valid"):
+        PipelineConfig(16, 64, (("zb", 4),), ("layer3_1",)).validate()
+    with pytest.raises(ValueError, match="microbatches=3 does not divide the batch of 16"):
+        PipelineConfig(16, 64, (("gpipe", 3),), ("layer3_1",)).validate()
+    with pytest.raises(SystemExit):
+        PipelineConfig.from_args(["--batch", "16", "--image-size", "64", "--runs", "gpipe",
+                                  "--split", "layer3_1"])
+    assert "valid form is schedule:count" in capsys.readouterr().err
 
 
 def test_speedup_is_taken_against_the_same_processes_at_one_microbatch():

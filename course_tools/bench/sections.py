@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
+from dataclasses import asdict
 
 from helpers.core.devices import plan_devices
 from helpers.pipeline.mlp_stack import SchedulesConfig
 from helpers.pipeline.schedule import ideal_speedup
 from helpers.pipeline.schedules_run import launch_schedules
 from helpers.pipeline.stage_cuts import balanced_cut_names
-from helpers.pipeline.timings import in_process_timings, pipelined_runs, timings_by_run
+from helpers.pipeline.stage_runs import PipelineConfig, launch_pipeline
+from helpers.pipeline.timings import in_process_timings
 from helpers.tensor_parallel.runs import WORLD_SIZES, sweep_config, tp_sweep
 
 
@@ -41,10 +43,11 @@ def pipeline_section(
     )
     runs = [("gpipe", microbatches), ("1f1b", microbatches)]
     runs += [("gpipe", m) for m in sorted(set(sweep) - {microbatches} | {1})]
-    piped = pipelined_runs(batch, image_size, stages, runs, cut, steps=repeats, warmup=warmup)
-    timed = timings_by_run(piped)
+    piped = launch_pipeline(PipelineConfig(batch, image_size, tuple(runs), tuple(cut),
+                                           steps=repeats, warmup=warmup))
+    timed = piped.timings()
     gpipe = timed[("gpipe", microbatches)]
-    single = local["single"]
+    single = local.single
     return {
         "stages": stages,
         "microbatches": microbatches,
@@ -52,17 +55,17 @@ def pipeline_section(
         "image_size": image_size,
         "cut_before": cut,
         "single_s": single.mean,
-        "naive_mp_s": local["naive_mp"].mean,
+        "naive_mp_s": local.naive_mp.mean,
         "pipelined_s": gpipe.mean,
         "speedup": single.mean / gpipe.mean,
         "ideal_speedup": ideal_speedup(stages, microbatches),
         # like for like: the same processes with one micro-batch (nothing overlaps)
         "speedup_over_m1": timed[("gpipe", 1)].mean / gpipe.mean,
         "efficiency": timed[("gpipe", 1)].mean / gpipe.mean / ideal_speedup(stages, microbatches),
-        "naive_vs_single": (local["naive_mp"].mean - single.mean) / single.mean,
-        "std_s": {"single": single.std, "naive_mp": local["naive_mp"].std, "pipelined": gpipe.std},
-        "single_all_threads_s": local["single_threads"].mean if "single_threads" in local else None,
-        "inprocess_microbatched_s": local["microbatched"].mean,
+        "naive_vs_single": (local.naive_mp.mean - single.mean) / single.mean,
+        "std_s": {"single": single.std, "naive_mp": local.naive_mp.std, "pipelined": gpipe.std},
+        "single_all_threads_s": local.single_threads.mean if local.single_threads else None,
+        "inprocess_microbatched_s": local.microbatched.mean,
         "sweep": [
             {
                 "schedule": s,
@@ -74,9 +77,9 @@ def pipeline_section(
             }
             for (s, m), t in sorted(timed.items())
         ],
-        "checks": piped.get("checks"),
-        "backend": piped["backend"],
-        "threads_per_stage": 1 if piped["backend"] == "gloo" else None,
+        "checks": [{**asdict(p), "ok": p.ok} for p in piped.proofs],
+        "backend": piped.backend,
+        "threads_per_stage": piped.config.threads if piped.backend == "gloo" else None,
         "repeats": repeats,
         "median_s": {"single": statistics.median(single.times), "pipelined": gpipe.median},
     }

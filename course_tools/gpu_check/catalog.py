@@ -29,7 +29,7 @@ STEPS = (
     Step(
         "pipeline",
         "in-process micro-batching vs the naive split on plan_devices(2); CPU pipeline with "
-        "K=2 and K=4 stage processes (gloo, one thread each) vs one process with one thread",
+        "K=2 and K=4 stage processes (gloo, one thread each) vs the same processes at M=1",
         60,
         40,
     ),

@@ -17,9 +17,8 @@ from helpers.core.sizes import format_bytes
 from helpers.distributed.launcher import launch
 from helpers.pipeline.events import COMPUTE, bubble_theory, idle_fractions
 from helpers.pipeline.mlp_stack import CHUNKS_PER_RANK, WORKER, SchedulesConfig
+from helpers.pipeline.schedule import PROOF_TOLERANCE
 from helpers.pipeline.timeline import ideal_timeline
-
-PROOF_TOLERANCE = 1e-5  # float32, the same products summed in another order
 
 
 @dataclass(frozen=True)

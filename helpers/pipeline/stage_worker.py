@@ -8,7 +8,6 @@ the same micro-batches, one SGD step. Rank 0 returns everything as JSON.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import sys
 from collections.abc import Callable
@@ -25,43 +24,14 @@ from helpers.distributed.ranks import Rank, process_group, write_result
 from helpers.memory.saved import SavedTensorMeter
 from helpers.model_parallel.resnet import one_hot_labels, resnet50, resnet_layers, split_points_at
 from helpers.model_parallel.stages import split_layers
-from helpers.pipeline.schedule import accumulated_step, validate_microbatches
+from helpers.pipeline.schedule import accumulated_step
+from helpers.pipeline.stage_runs import WORKER, PipelineConfig
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
-MODULE = "helpers.pipeline.stage_worker"
+MODULE = WORKER
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--batch", type=int, required=True)
-    p.add_argument("--image-size", type=int, required=True)
-    p.add_argument(
-        "--runs",
-        required=True,
-        help="schedule:micro-batches pairs, e.g. gpipe:1,gpipe:4,1f1b:4 (the first is checked)",
-    )
-    p.add_argument("--split", required=True, help="comma-separated layer names to cut before")
-    p.add_argument("--num-classes", type=int, default=1000)
-    p.add_argument("--steps", type=int, default=3, help="timed training steps per run")
-    p.add_argument("--warmup", type=int, default=1, help="untimed training steps per run")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per stage process")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lr", type=float, default=0.01)
-    p.add_argument("--check", action="store_true", help="prove one step of each run against one process first")
-    args = p.parse_args(argv)
-    try:
-        args.runs = [(name, int(m)) for name, m in (r.split(":") for r in args.runs.split(","))]
-    except ValueError:
-        p.error(f"--runs {args.runs!r}: valid form is schedule:count[,schedule:count...]")
-    unknown = sorted({name for name, _ in args.runs} - set(SCHEDULES))
-    if unknown:
-        p.error(f"unknown schedule(s) {unknown}; valid: {sorted(SCHEDULES)}")
-    for _, m in args.runs:
-        validate_microbatches(args.batch, m)
-    return args
-
-
-def same_batch(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor]:
+def same_batch(args: PipelineConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """The same random batch on every rank (its own seeded generator)."""
     g = torch.Generator().manual_seed(args.seed + 1)
     images = torch.randn(args.batch, 3, args.image_size, args.image_size, generator=g)
@@ -170,14 +140,14 @@ def time_run(trainer: StageTrainer, schedule: str, m: int, steps: int, warmup: i
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+    args = PipelineConfig.from_args(argv)
     with process_group(MODULE) as rank:
         torch.set_num_threads(args.threads)
         torch.manual_seed(args.seed)
         model = resnet50(args.num_classes)
         reference = copy.deepcopy(model) if args.check and rank.rank == 0 else None
         layers = resnet_layers(model, blocks=True)
-        stages = split_layers(layers, split_points_at(layers, args.split.split(",")))
+        stages = split_layers(layers, split_points_at(layers, list(args.split)))
         if len(stages) != rank.world_size:
             raise ValueError(
                 f"--split gives {len(stages)} stages but torchrun started {rank.world_size} processes; "
@@ -188,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
         result: dict = {
             "stages": rank.world_size,
             "backend": rank.backend,
-            "split": args.split,
+            "split": ",".join(args.split),
             "batch": args.batch,
             "image_size": args.image_size,
             "runs": [],

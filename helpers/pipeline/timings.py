@@ -1,20 +1,20 @@
-"""Measure single device vs naive model parallel vs pipelined ResNet50 training, in one run.
+"""The same ResNet50 training step timed in this process: whole, split naively, micro-batched.
 
-Used by lesson 03 and by ``make bench``. On a CPU each pipeline stage is a process with
-one thread, compared with one process with one thread (and, for honesty, with one
-process using as many threads as there are stages).
+Used by lesson 03 and by ``make bench``, beside the K-process pipeline that
+``helpers.pipeline.stage_runs`` launches. On a CPU each variant gets one thread, like one
+stage process, and the whole model runs once more with as many threads as there are stages.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from helpers.core.timing import Timing, measure
-from helpers.distributed.launcher import launch
 from helpers.model_parallel.resnet import one_hot_labels, resnet50, resnet_layers
 from helpers.model_parallel.stages import StagedModel
 from helpers.pipeline.schedule import MicroBatchPipeline
@@ -53,6 +53,24 @@ def cost_per_image(
     return costs
 
 
+@dataclass(frozen=True)
+class InProcessTimings:
+    """The same training step in this process: whole, split naively, micro-batched, and (on
+    a CPU) whole with as many threads as there are stages."""
+
+    single: Timing
+    naive_mp: Timing
+    microbatched: Timing
+    single_threads: Timing | None = None
+
+    def all(self) -> list[Timing]:
+        return [t for t in (self.single, self.naive_mp, self.microbatched, self.single_threads)
+                if t is not None]
+
+    def as_dict(self) -> dict:
+        return {t.label: t.as_dict() for t in self.all()}
+
+
 def in_process_timings(
     batch: int,
     image_size: int,
@@ -64,7 +82,7 @@ def in_process_timings(
     warmup: int,
     devices: Sequence[torch.device] | None = None,
     num_classes: int = 1000,
-) -> dict[str, Timing]:
+) -> InProcessTimings:
     """Training-step timings in this process, on ``devices`` (default: the CPU).
 
     On the CPU every variant runs with one thread, like one stage process, and the single
@@ -110,41 +128,4 @@ def in_process_timings(
             )
     finally:
         torch.set_num_threads(threads)
-    return timings
-
-
-def pipelined_runs(
-    batch: int,
-    image_size: int,
-    stages: int,
-    runs: Sequence[tuple[str, int]],
-    cut: Sequence[str],
-    *,
-    steps: int,
-    warmup: int,
-    check: bool = True,
-    num_classes: int = 1000,
-    timeout: float = 1800,
-) -> dict:
-    """Launch one process per stage; prove, then time, each (schedule, micro-batches) run."""
-    options = {
-        "--batch": batch,
-        "--image-size": image_size,
-        "--runs": ",".join(f"{s}:{m}" for s, m in runs),
-        "--split": ",".join(cut),
-        "--steps": steps,
-        "--warmup": warmup,
-        "--num-classes": num_classes,
-    }
-    args = [str(x) for pair in options.items() for x in pair] + (["--check"] if check else [])
-    return launch("helpers.pipeline.stage_worker", args, nproc=stages, timeout=timeout)
-
-
-def timings_by_run(piped: dict) -> dict[tuple[str, int], Timing]:
-    """The launch's timed runs keyed by (schedule, micro-batches)."""
-    return {
-        (r["schedule"], r["microbatches"]): Timing(
-            f"pipelined, {r['schedule']}, M={r['microbatches']}", r["times_s"]
-        )
-        for r in piped["runs"]
-    }
+    return InProcessTimings(**timings)
