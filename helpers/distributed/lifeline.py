@@ -17,6 +17,9 @@ import sys
 from collections.abc import Callable
 
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+# Resolved here, in the parent: the child between fork and exec (``preexec_fn``) then only
+# makes the call, without loading anything while other threads may hold the loader's lock.
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
 
 
 def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None) -> bool:
@@ -26,10 +29,9 @@ def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None) -> boo
     (re-parented before the request took effect), ``sig`` is sent at once. Returns False
     where the request is not available (not Linux), True otherwise.
     """
-    if not sys.platform.startswith("linux"):
+    if _PRCTL is None or not sys.platform.startswith("linux"):
         return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+    if _PRCTL(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
         return False
     if parent is not None and os.getppid() != parent:
         os.kill(os.getpid(), sig)
