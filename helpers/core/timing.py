@@ -71,6 +71,19 @@ class Timing:
         )
 
 
+def _rounds(repeats: int, warmup: int, desc: str, unit: str, progress: bool) -> Iterable[int]:
+    """The timed repeats (with a live bar when asked and not in a stored run); bad counts refused."""
+    if repeats < 1:
+        raise ValueError(f"repeats={repeats!r}; valid: an integer >= 1")
+    if warmup < 0:
+        raise ValueError(f"warmup={warmup!r}; valid: an integer >= 0")
+    if progress and os.environ.get(PROGRESS_ENV) != "final":
+        from tqdm import tqdm  # plain text bar: works in a terminal, a notebook and a log
+
+        return tqdm(range(repeats), desc=desc, unit=unit, mininterval=0.5)
+    return range(repeats)
+
+
 def measure(
     fn: Callable[[], object],
     *,
@@ -80,18 +93,9 @@ def measure(
     progress: bool = False,
 ) -> Timing:
     """Run ``fn`` ``warmup`` times untimed, then time ``repeats`` runs one by one."""
-    if repeats < 1:
-        raise ValueError(f"repeats={repeats!r}; valid: an integer >= 1")
-    if warmup < 0:
-        raise ValueError(f"warmup={warmup!r}; valid: an integer >= 0")
+    runs = _rounds(repeats, warmup, label or "timing", "run", progress)
     for _ in range(warmup):
         fn()
-    runs: Iterable[int] = range(repeats)
-    live = progress and os.environ.get(PROGRESS_ENV) != "final"
-    if live:
-        from tqdm import tqdm  # plain text bar: works in a terminal, a notebook and a log
-
-        runs = tqdm(runs, desc=label or "timing", unit="run", mininterval=0.5)
     times = []
     for _ in runs:
         start = synchronized_clock()
@@ -106,18 +110,10 @@ def measure_alternating(
     """Time several functions in turn (A B A B ...), so that a slow spell of the machine
     falls on all of them alike instead of on whichever ran during it; ``warmup`` untimed
     rounds first. One ``Timing`` per label."""
-    if repeats < 1:
-        raise ValueError(f"repeats={repeats!r}; valid: an integer >= 1")
-    if warmup < 0:
-        raise ValueError(f"warmup={warmup!r}; valid: an integer >= 0")
+    rounds = _rounds(repeats, warmup, " / ".join(fns), "round", progress)
     for _ in range(warmup):
         for fn in fns.values():
             fn()
-    rounds: Iterable[int] = range(repeats)
-    if progress and os.environ.get(PROGRESS_ENV) != "final":
-        from tqdm import tqdm
-
-        rounds = tqdm(rounds, desc=" / ".join(fns), unit="round", mininterval=0.5)
     times: dict[str, list[float]] = {label: [] for label in fns}
     for _ in rounds:
         for label, fn in fns.items():

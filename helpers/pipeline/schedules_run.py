@@ -10,10 +10,10 @@ rank comes back as a ``LaunchError`` with its log.
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import asdict, dataclass, field, replace
 
 from helpers.core.sizes import format_bytes
+from helpers.core.timing import Timing
 from helpers.distributed.launcher import launch
 from helpers.pipeline.events import COMPUTE, bubble_theory, idle_fractions
 from helpers.pipeline.mlp_stack import CHUNKS_PER_RANK, WORKER, SchedulesConfig
@@ -58,12 +58,17 @@ class ScheduleRun:
         return CHUNKS_PER_RANK[self.name]
 
     @property
+    def timing(self) -> Timing:
+        """The timed steps, as every other timing of the course."""
+        return Timing(self.name, self.times_s)
+
+    @property
     def step_s(self) -> float:
-        return statistics.mean(self.times_s)
+        return self.timing.mean
 
     @property
     def step_std_s(self) -> float:
-        return statistics.stdev(self.times_s) if len(self.times_s) > 1 else 0.0
+        return self.timing.std
 
     @property
     def idle_fraction(self) -> list[float]:
