@@ -2,7 +2,7 @@
 
 The infrastructure
 - ``core``: ``paths`` and ``files`` (results/, atomic writes, verified folders),
-  ``errors`` (one base class), ``profiles`` (small/full sizes), ``devices`` (the one
+  ``errors`` (one base class), ``profiles`` (every size: smoke/small/full), ``devices`` (the one
   device/backend/dtype decision), ``timing``, ``sizes``, ``checks`` (snapshots and
   step comparisons), ``plotting``, ``show``, ``optional``.
 - ``distributed``: ``launcher`` (torchrun from a notebook, safely), ``multinode`` (several
@@ -17,7 +17,8 @@ The lessons
   activations.
 - 02 ``model_parallel.stages``, ``model_parallel.resnet``: a K-stage split of any layer list;
   ResNet50 and its training loop.
-- 03 ``pipeline.schedule``, ``pipeline.stage_cuts``, ``pipeline.stage_worker`` and
+- 03 ``pipeline.schedule``, ``pipeline.stage_cuts``, ``pipeline.runtime`` (one rank's
+  stages, step and proof, run by lessons 03 and 04), ``pipeline.stage_worker`` and
   ``pipeline.stage_runs`` (its typed config and result), ``pipeline.timings``,
   ``pipeline.speedup``, ``pipeline.plots``: micro-batches, balanced cuts, one process per
   stage, the speed-up against the same processes at M = 1.
@@ -27,12 +28,14 @@ The lessons
 - 05 ``placement.sizing``, ``placement.strategies``, ``placement.planner``, ``placement.report``,
   ``placement.offload``, ``placement.tiny_lm``: ``device_map`` strategies by hand and with
   accelerate.
-- 06 ``tensor_parallel.ffn``, ``tensor_parallel.comm`` (f and g), ``tensor_parallel.proofs``,
+- 06 ``tensor_parallel.ffn``, ``tensor_parallel.comm`` (f and g), ``tensor_parallel.block``
+  (what any tensor-parallel block provides), ``tensor_parallel.proofs``,
   ``tensor_parallel.shards``, ``tensor_parallel.config``, ``tensor_parallel.native``: the
   Megatron split of an FFN and its shard files.
 - 07 ``tensor_parallel.ffn_worker``, ``tensor_parallel.dtensor_worker``,
-  ``tensor_parallel.mesh_worker`` (torchrun entry points, named ``*_worker``) and
-  ``tensor_parallel.runs`` (their launches, on one node or several).
+  ``tensor_parallel.mesh_worker`` (torchrun entry points, named ``*_worker``),
+  ``tensor_parallel.runs`` (their launches, on one node or several) and
+  ``tensor_parallel.results`` (the typed results they return).
 - every lesson ``memory``: ``ledger``, ``measure`` and ``saved`` (one step, counted),
   ``estimate``, ``layer_rules`` and ``transformer`` (predicted from shapes), ``cuts``,
   ``fits`` (what fits where), ``plots``.

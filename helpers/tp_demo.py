@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         if mode == "native":
             result = run_native_mode(replace(config, mode="native"))
         else:
-            result = run_tp_mode(replace(config, mode="tp"))
+            result = run_tp_mode(replace(config, mode="tp")).as_dict()
     except (TutorialError, ValueError) as error:
         print(f"tp_demo: error: {error}", file=sys.stderr, flush=True)
         return 1

@@ -128,7 +128,6 @@ def test_a_port_taken_after_it_was_picked_is_picked_again(probe, monkeypatch):
     "module",
     [
         "helpers.tensor_parallel.ffn_worker",
-        "helpers.tensor_parallel.dtensor_worker",
         "helpers.tensor_parallel.mesh_worker",
     ],
 )

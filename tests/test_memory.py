@@ -7,10 +7,14 @@ from torch import nn
 from helpers.memory import (
     LLAMA_7B_SHAPE,
     OPTIMIZERS,
+    HasTransformerShape,
+    LayerChain,
     SavedTensorMeter,
     TransformerShape,
+    estimate_layers,
     estimate_training_memory,
     estimate_transformer,
+    layers_of,
     measure_training_memory,
     parameter_memory,
 )
@@ -84,7 +88,9 @@ def test_measuring_changes_nothing_in_the_model():
     measure_training_memory(model, x, y, optimizer="adam", lr=0.5)
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
-    assert not model.training and torch.equal(model.fc.weight.grad, torch.ones_like(model.fc.weight))
+    assert not model.training and torch.equal(
+        model.fc.weight.grad, torch.ones_like(model.fc.weight)
+    )
     assert model.conv1.weight.grad is None
 
 
@@ -100,14 +106,17 @@ def assert_estimate_matches(measured, estimated, activation_tolerance=ACTIVATION
 def test_estimate_equals_measurement_for_the_toy_model(optimizer):
     model, x, y = toy()
     measured = measure_training_memory(model, x, y, optimizer=optimizer, parts=toy_parts(model))
-    estimated = estimate_training_memory(model, batch=8, sample_shape=(300,), optimizer=optimizer,
-                                         names=["net1", "net2"])
+    estimated = estimate_training_memory(
+        model, batch=8, sample_shape=(300,), optimizer=optimizer, names=["net1", "net2"]
+    )
     assert_estimate_matches(measured, estimated)
     # the same layers as one list, unsplit: one part, the one-device measurement
     layers = [model.net1, model.relu, model.net2]
     by_rule = estimate_training_memory(layers, batch=8, sample_shape=(300,), optimizer=optimizer)
-    assert by_rule["part 0"].total == measure_training_memory(model, x, y, optimizer=optimizer)[
-        "cpu"].total
+    assert (
+        by_rule["part 0"].total
+        == measure_training_memory(model, x, y, optimizer=optimizer)["cpu"].total
+    )
 
 
 @pytest.mark.slow
@@ -117,8 +126,9 @@ def test_estimate_equals_measurement_for_resnet50_in_two_stages():
     parts = {f"stage {k}": s for k, s in enumerate(model.stages)}
     x, y = torch.randn(2, 3, 64, 64), one_hot_labels(torch.tensor([3, 4]), 10)
     measured = measure_training_memory(model, x, y, optimizer="sgd_momentum", parts=parts)
-    estimated = estimate_training_memory(model, batch=2, sample_shape=(3, 64, 64),
-                                         optimizer="sgd_momentum", names=list(parts))
+    estimated = estimate_training_memory(
+        model, batch=2, sample_shape=(3, 64, 64), optimizer="sgd_momentum", names=list(parts)
+    )
     assert_estimate_matches(measured, estimated, activation_tolerance=0.0)
 
 
@@ -140,9 +150,76 @@ def test_estimate_equals_measurement_for_the_small_llama(optimizer):
     model = build_lm(config)
     ids, labels = torch.randint(0, 50, (3, 8)), torch.randint(0, 50, (3, 8))
     measured = measure_training_memory(model, ids, labels, optimizer=optimizer)
-    estimated = estimate_training_memory(model, batch=3, seq=8, optimizer=optimizer,
-                                         names=["cpu"])
+    estimated = estimate_training_memory(model, batch=3, seq=8, optimizer=optimizer, names=["cpu"])
     assert_estimate_matches(measured, estimated)
+
+
+class TwoLayers(nn.Module):
+    """A model from no lesson: the estimator reads it only through ``layer_chain()``."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.act, self.second = nn.Linear(300, 16), nn.ReLU(), nn.Linear(16, 5)
+
+    def forward(self, x):
+        return self.second(self.act(self.first(x)))
+
+    def layer_chain(self):
+        return [self.first, self.act, self.second], [2]
+
+
+def test_a_model_that_gives_its_layer_chain_is_estimated():
+    torch.manual_seed(0)
+    model, x, y = TwoLayers(), torch.rand(8, 300), torch.randn(8, 5)
+    assert isinstance(model, LayerChain) and not isinstance(nn.Linear(2, 2), LayerChain)
+    parts = {"first": model.first, "second": model.second}
+    measured = measure_training_memory(model, x, y, optimizer="adam", parts=parts)
+    estimated = estimate_training_memory(
+        model, batch=8, sample_shape=(300,), optimizer="adam", names=list(parts)
+    )
+    assert_estimate_matches(measured, estimated, activation_tolerance=0.0)
+    by_hand = estimate_layers(
+        [model.first, model.act, model.second],
+        (300,),
+        batch=8,
+        split_points=[2],
+        optimizer="adam",
+        names=list(parts),
+    )
+    assert estimated.as_dict() == by_hand.as_dict()
+
+
+def test_the_course_models_give_their_chains():
+    toy_model = toy()[0]
+    assert layers_of(toy_model) == ([toy_model.net1, toy_model.relu, toy_model.net2], [2])
+    layers = resnet_layers(resnet50(10))
+    staged = StagedModel(layers, [3, 8], ["cpu"] * 3)
+    chain, points = layers_of(staged)
+    assert points == [3, 8] and [id(m) for m in chain] == [id(m) for _, m in layers]
+    ffn = FeedForward(8, 16, "gelu")
+    assert layers_of(ffn) == ([ffn.fc1, ffn.act, ffn.fc2], [])
+    shard = cut_shard(ffn, 2, 1, "gelu")
+    assert layers_of(shard) == ([shard.fc1, shard.act, shard.fc2], [])
+    assert layers_of(layers) == ([m for _, m in layers], [])  # a list of (name, module) pairs
+    lm = build_lm(LMConfig(vocab=50, hidden=32, blocks=2, ffn=96, heads=2))
+    assert isinstance(lm, HasTransformerShape) and not isinstance(lm, LayerChain)
+    assert lm.transformer_shape() == TransformerShape(
+        hidden=32, blocks=2, heads=2, ffn=96, vocab=50
+    )
+
+
+@pytest.mark.parametrize(
+    "build, name",
+    [
+        (lambda: resnet50(10), "ResNet"),  # not ours: pass resnet_layers(model)
+        (lambda: nn.Linear(3, 3), "Linear"),
+        (lambda: "toy", "str"),
+        (lambda: [], "list"),
+    ],
+)
+def test_a_model_that_does_not_say_what_it_is_is_refused(build, name):
+    with pytest.raises(ValueError, match=rf"cannot estimate a {name}: .*layer_chain\(\).*list"):
+        estimate_training_memory(build(), batch=2, sample_shape=(3, 32, 32))
 
 
 def test_the_meter_releases_bytes_after_backward_and_sees_two_micro_batches():
@@ -172,9 +249,9 @@ def test_pipeline_schedules_hold_m_or_k_micro_batches():
     assert Layout("1", pp=4).in_flight(2) == [2, 2, 2, 1]
     assert split_blocks(10, 4) == [3, 3, 2, 2]
     rows = fits_table({"7B": LLAMA_7B_SHAPE}, gpu_bytes=80 * 2**30, seq=4096)
-    by = {r["layout"]: r for r in rows}
-    assert not by["data parallel"]["fits"] and by["PP 8, 1F1B"]["fits"]
-    gpipe, one_f = by["PP 8, GPipe"]["memory"], by["PP 8, 1F1B"]["memory"]
+    by = {r.layout: r for r in rows}
+    assert not by["data parallel"].fits and by["PP 8, 1F1B"].fits
+    gpipe, one_f = by["PP 8, GPipe"].memory, by["PP 8, 1F1B"].memory
     assert gpipe.activations > 3 * one_f.activations  # 32 micro-batches held vs at most 8
 
 
@@ -191,13 +268,21 @@ def test_tensor_parallel_splits_weights_and_the_mlp_activations():
         (lambda m, x, y: measure_training_memory(m, x, y, optimizer="lamb"), "lamb"),
         (lambda m, x, y: measure_training_memory(nn.ReLU(), x, y), "no parameters"),
         (lambda m, x, y: measure_training_memory(m, x.to("meta"), y), "meta"),
-        (lambda m, x, y: estimate_training_memory([nn.LSTM(3, 3)], batch=1, sample_shape=(3,)),
-         "LSTM"),
+        (
+            lambda m, x, y: estimate_training_memory([nn.LSTM(3, 3)], batch=1, sample_shape=(3,)),
+            "LSTM",
+        ),
         (lambda m, x, y: estimate_training_memory(m, batch=0, sample_shape=(300,)), "batch=0"),
-        (lambda m, x, y: estimate_training_memory(m, batch=2, sample_shape=(300,), loss="hinge"),
-         "hinge"),
-        (lambda m, x, y: estimate_training_memory(m, batch=2, sample_shape=(300,),
-                                                  precision="mixed"), "transformer"),
+        (
+            lambda m, x, y: estimate_training_memory(m, batch=2, sample_shape=(300,), loss="hinge"),
+            "hinge",
+        ),
+        (
+            lambda m, x, y: estimate_training_memory(
+                m, batch=2, sample_shape=(300,), precision="mixed"
+            ),
+            "transformer",
+        ),
         (lambda m, x, y: TransformerShape(hidden=10, blocks=1, heads=3, ffn=4, vocab=5), "heads"),
         (lambda m, x, y: estimate_training_memory(LLAMA_7B_SHAPE, batch=1), "seq="),
         (lambda m, x, y: split_blocks(4, 8), "at most 4"),
@@ -222,8 +307,9 @@ def test_memory_bars_saves_a_chart_and_refuses_an_unknown_unit(tmp_path):
     from helpers.memory.plots import memory_bars
 
     bars = {"a": DeviceMemory(2**30, 2**30, 0, 2**31), "b": DeviceMemory(2**20, 0, 0, 0)}
-    path = memory_bars({"panel": bars}, tmp_path / "m.png", unit="GiB", limit=("card", 2**30),
-                       cap=2.0)
+    path = memory_bars(
+        {"panel": bars}, tmp_path / "m.png", unit="GiB", limit=("card", 2**30), cap=2.0
+    )
     assert path.stat().st_size > 0
     with pytest.raises(ValueError, match="TiB"):
         memory_bars({"panel": bars}, tmp_path / "n.png", unit="TiB")

@@ -1,3 +1,5 @@
+from dataclasses import asdict
+
 import pytest
 
 from helpers.core import profiles
@@ -7,14 +9,10 @@ def test_named_profiles_and_env_var(monkeypatch):
     assert profiles.get_profile("small").name == "small"
     full = profiles.get_profile("full")
     # the source documents' sizes
-    assert (full.resnet_batch, full.image_size, full.num_batches, full.repeats) == (120, 128, 3, 10)
-    assert (full.hidden_size, full.ffn_size, full.seq_len, full.ffn_batch, full.world_size) == (
-        512,
-        4096,
-        512,
-        8,
-        4,
-    )
+    r, f = full.resnet, full.ffn
+    assert (r.batch, r.image_size, r.batches, full.repeats) == (120, 128, 3, 10)
+    assert (f.hidden_size, f.ffn_size, f.seq_len, f.batch_size, f.world_size) == (512, 4096, 512, 8, 4)
+    assert f == profiles.SOURCE_FFN
     monkeypatch.setenv(profiles.ENV_VAR, "FULL")
     assert profiles.get_profile().name == "full"
 
@@ -26,10 +24,27 @@ def test_auto_follows_cuda(monkeypatch):
     assert profiles.resolve_name("auto") == "small"
 
 
-def test_small_is_smaller_everywhere():
-    small, full = profiles.PROFILES["small"], profiles.PROFILES["full"]
-    for field in ("resnet_batch", "image_size", "repeats", "hidden_size", "ffn_size", "seq_len"):
-        assert getattr(small, field) <= getattr(full, field), field
+def _sizes(profile: profiles.Profile) -> dict[str, int]:
+    """Every size of a profile, by section and field (``ffn.hidden_size``)."""
+    out = {"warmup": profile.warmup, "repeats": profile.repeats}
+    for section in ("toy", "resnet", "pipeline", "schedules", "ffn", "wide_ffn", "lm"):
+        out |= {f"{section}.{k}": v for k, v in asdict(getattr(profile, section)).items()}
+    return out
+
+
+def test_smoke_small_full_grow_everywhere():
+    smoke, small, full = (_sizes(profiles.PROFILES[n]) for n in profiles.NAMES)
+    assert smoke.keys() == small.keys() == full.keys()
+    for key in small:
+        assert smoke[key] <= small[key] <= full[key], key
+
+
+def test_the_profile_variable_cannot_pick_smoke(monkeypatch):
+    """smoke is for the tests and gpu-check --smoke; a lesson is never run at it."""
+    assert profiles.get_profile("smoke").name == "smoke"
+    monkeypatch.setenv(profiles.ENV_VAR, "smoke")
+    with pytest.raises(ValueError, match="valid choices: small, full, auto"):
+        profiles.get_profile()
 
 
 @pytest.mark.parametrize("bad", ["large", "", "smal"])

@@ -1,11 +1,14 @@
 """The numbers every proof rests on, pinned, and each check tried on both sides of its line."""
 
+import json
+
 import pytest
 import torch
 from torch import nn
 
-from helpers.core.checks import max_abs_diff, training_step
+from helpers.core.checks import Proof, max_abs_diff, training_step
 from helpers.core.timing import Timing
+from helpers.memory.ledger import Ledger
 from helpers.tensor_parallel.comm import ring_allreduce_bytes
 from helpers.tensor_parallel.proofs import (
     checksum_tolerance,
@@ -14,7 +17,8 @@ from helpers.tensor_parallel.proofs import (
     output_tolerance,
     outputs_agree,
 )
-from helpers.tensor_parallel.runs import summarise
+from helpers.tensor_parallel.results import NativeRun, TPRun
+from helpers.tensor_parallel.runs import Sweep
 
 
 @pytest.mark.parametrize(
@@ -42,11 +46,10 @@ def test_elementwise_check_on_both_sides_of_the_tolerance(dtype):
 
 @pytest.mark.parametrize("sign", [+1, -1])
 def test_checksum_comparison_on_both_sides(sign):
-    ref = {"checksum": 100.0, "abs_sum": 1000.0, "dtype": "float32"}
     tol = checksum_tolerance(1000.0, "float32")
-    near = {"checksum": 100.0 + sign * 0.9 * tol}
-    far = {"checksum": 100.0 + sign * 1.1 * tol}
-    assert checksums_match(ref, near) and not checksums_match(ref, far)
+    near, far = 100.0 + sign * 0.9 * tol, 100.0 + sign * 1.1 * tol
+    assert checksums_match(100.0, near, 1000.0, "float32")
+    assert not checksums_match(100.0, far, 1000.0, "float32")
 
 
 @pytest.mark.parametrize("p,share", [(1, 0.0), (2, 1.0), (4, 1.5), (8, 1.75)])
@@ -54,26 +57,36 @@ def test_ring_allreduce_sends_two_times_p_minus_one_over_p(p, share):
     assert ring_allreduce_bytes(1000.0, p) == share * 1000.0
 
 
-def test_summary_keeps_compute_and_allreduce_apart():
-    native = {"mean_s": 1.0, "std_s": 0.1, "checksum": 5.0, "abs_sum": 9.0, "dtype": "float32"}
-    run = {
-        "backend": "gloo",
-        "mean_s": 0.5,
-        "std_s": 0.05,
-        "compute_times_s": [0.1, 0.3],
-        "allreduce_times_s": [0.4, 0.6],
-        "allreduce_bytes_per_rank": 123.0,
-        "checksum": 5.0,
-        "output_max_diff": 1e-7,
-        "output_tolerance": 2e-7,
-        "output_agrees": True,
-    }
-    (row,) = summarise(native, {2: run}, {2: Timing("sim", [0.7, 0.9])})
+def _tp_run(checksum: float, diff: float) -> TPRun:
+    return TPRun(
+        2, "gloo", "cpu", "float32", (2, 3), checksum, 9.0, Proof("output", diff, 2e-7),
+        Timing("compute", [0.1, 0.3]), Timing("all-reduce", [0.4, 0.6]), Timing("step", [0.5]),
+        123.0, Ledger(),
+    )  # fmt: skip
+
+
+def test_sweep_numbers_keep_compute_and_allreduce_apart():
+    native = NativeRun("float32", (2, 3), 5.0, 9.0, Timing("native", [0.9, 1.1]),
+                       Proof("tp_simulate", 0.0, 1e-7))  # fmt: skip
+    (row,) = Sweep(native, {2: _tp_run(5.0, 1e-7)}, {2: Timing("sim", [0.7, 0.9])}).numbers()
     assert row["compute_s"] == pytest.approx(0.2) and row["allreduce_s"] == pytest.approx(0.5)
-    assert (
-        row["tp_s"] == 0.5 and row["native_s"] == 1.0 and row["tp_simulate_s"] == pytest.approx(0.8)
-    )
-    assert row["allreduce_bytes_per_rank"] == 123.0 and row["checksum_agrees"]
+    assert row["tp_s"] == 0.5 and row["native_s"] == pytest.approx(1.0)
+    assert row["tp_simulate_s"] == pytest.approx(0.8)
+    assert row["allreduce_bytes_per_rank"] == 123.0 and row["agrees"]
+
+
+def test_a_run_agrees_only_within_its_tolerance_and_with_the_same_sum():
+    native = NativeRun("float32", (2, 3), 5.0, 9.0, Timing("native", [1.0]),
+                       Proof("tp_simulate", 0.0, 1e-7))  # fmt: skip
+    assert _tp_run(5.0, 2e-7).agrees(native)
+    assert not _tp_run(5.0, 3e-7).agrees(native)  # one element too far
+    assert not _tp_run(5.0 + 1e-5, 0.0).agrees(native)  # beyond eps * sum|y|
+    assert "FAILED" in _tp_run(5.0, 3e-7).report(native)
+
+
+def test_typed_results_round_trip_through_json():
+    run = _tp_run(5.0, 1e-7)
+    assert TPRun.from_dict(json.loads(json.dumps(run.as_dict()))) == run
 
 
 def test_max_abs_diff_refuses_other_shapes():

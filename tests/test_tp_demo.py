@@ -11,7 +11,7 @@ import pytest
 from helpers.core.errors import LaunchError
 from helpers.distributed.launcher import launch
 from helpers.tensor_parallel.config import DemoConfig, parser
-from helpers.tensor_parallel.proofs import checksums_match
+from helpers.tensor_parallel.results import NativeRun
 from helpers.tp_demo import main
 
 HERE = Path(__file__).resolve().parent
@@ -108,7 +108,7 @@ def test_two_gloo_ranks_match_native(tmp_path):
     tp = launch("helpers.tp_demo", args, nproc=2, timeout=240, log_dir=tmp_path / "logs")
     assert tp["mode"] == "tp" and tp["world_size"] == 2 and tp["backend"] == "gloo"
     assert tp["shape"] == native["shape"]
-    assert checksums_match(native, tp), (native["checksum"], tp["checksum"])
+    assert NativeRun.from_dict(native).sums_match(tp["checksum"]), (native, tp["checksum"])
     assert tp["output_agrees"] and tp["output_max_diff"] <= tp["output_tolerance"]
     assert len(tp["times_s"]) == len(tp["compute_times_s"]) == len(tp["allreduce_times_s"]) == 4
     assert tp["allreduce_bytes_per_rank"] == 2 * 16 * 64 * 2  # 2(p-1)/p = 1 of 2x16x64 fp16

@@ -6,6 +6,7 @@ from torch import nn
 
 from helpers.core.devices import resolve_device, resolve_dtype
 from helpers.tensor_parallel import comm
+from helpers.tensor_parallel.block import ParallelBlock, chunks, shard_vs_full
 from helpers.tensor_parallel.comm import tp_cost
 from helpers.tensor_parallel.ffn import (
     FeedForward,
@@ -13,7 +14,6 @@ from helpers.tensor_parallel.ffn import (
     cut_shard,
     make_input,
     make_shards,
-    shard_vs_full,
     split_weights,
     tp_simulate,
     validate_split,
@@ -259,7 +259,7 @@ def test_defaults_and_shapes_of_shards():
     shard = FeedForwardShard(4, 8, 2, 1)
     assert isinstance(shard.act, nn.Identity) and shard.rows() == slice(4, 8)
     with pytest.raises(
-        ValueError, match=r"^weight of shape \(3, 3\) given for a layer of shape \(4, 4\)$"
+        ValueError, match=r"^fc1.weight: a chunk of shape \(3, 3\) for a parameter of shape \(4, 4\)$"
     ):
         shard.load_weights(torch.zeros(3, 3), torch.zeros(4, 4))
     half = cut_shard(model.half(), 2, 1)
@@ -270,19 +270,31 @@ def test_defaults_and_shapes_of_shards():
 
 
 def test_shard_vs_full_measures_the_matching_slices():
-    full = (torch.arange(12.0).reshape(4, 3), torch.arange(8.0).reshape(2, 4))
-    rows = slice(2, 4)
-    shard = (full[0][rows].clone(), full[1][:, rows].clone())
-    assert shard_vs_full(shard, full, rows) == 0.0
-    shard[1][1, 0] += 0.25
-    assert shard_vs_full(shard, full, rows) == 0.25
-    shard[0][0, 2] -= 0.5
-    assert shard_vs_full(shard, full, rows) == 0.5
-    with pytest.raises(ValueError, match=r"shard shapes \(2, 3\), \(2, 2\) do not match the full "
-                       r"model's slices \(1, 3\), \(2, 1\)"):  # fmt: skip
-        shard_vs_full(shard, full, slice(3, 4))
-    with pytest.raises(ValueError, match=r"shard shapes \(2, 3\), \(2, 1\) do not match"):
-        shard_vs_full((shard[0], shard[1][:, :1]), full, rows)  # only fc2 is cut wrong
+    full = FeedForward(3, 4)
+    with torch.no_grad():
+        full.fc1.weight.copy_(torch.arange(12.0).reshape(4, 3))
+        full.fc2.weight.copy_(torch.arange(12.0).reshape(3, 4))
+    shard = cut_shard(full, 2, 1)  # fc1's rows 2:4, fc2's columns 2:4
+    assert shard_vs_full(shard, full, 2, 1) == 0.0
+    with torch.no_grad():
+        shard.fc2.weight[1, 0] += 0.25
+    assert shard_vs_full(shard, full, 2, 1) == 0.25
+    with torch.no_grad():
+        shard.fc1.weight[0, 2] -= 0.5
+    assert shard_vs_full(shard, full, 2, 1) == 0.5
+    assert shard_vs_full(cut_shard(full, 2, 0), full, 2, 0) == 0.0
+    with pytest.raises(ValueError, match=r"fc1.weight: the shard's \(2, 3\) does not match the "
+                       r"full block's slice \(1, 3\)"):  # fmt: skip
+        shard_vs_full(shard, full, 4, 3)
+
+
+def test_the_ffn_is_a_parallel_block_with_the_sources_file_names():
+    full = FeedForward(3, 4, "gelu")
+    assert isinstance(full, ParallelBlock) and full.sizes() == {"hidden_size": 3, "ffn_size": 4}
+    assert [s.file(2) for s in full.splits()] == ["fc1_2.bin", "fc2_2.bin"]
+    assert isinstance(full.shard(2, 0).act, nn.GELU)
+    with pytest.raises(ValueError, match="fc1.weight has 4 along dim 0, not divisible by world"):
+        chunks(full, 3)
 
 
 def test_input_is_float32_draws_whatever_the_default_dtype():
@@ -300,5 +312,4 @@ def test_agreement_holds_exactly_at_the_tolerance():
     y = torch.tensor([1.0, 0.5], dtype=torch.float64)
     tol = 4 * 2 * eps("float32")  # max|y| = 1, two ranks
     assert outputs_agree(y, y + torch.tensor([tol, 0.0], dtype=torch.float64), "float32", 2)[2]
-    ref = {"checksum": 100.0, "abs_sum": 1024.0, "dtype": "float32"}
-    assert checksums_match(ref, {"checksum": 100.0 + 1024.0 * eps("float32")})
+    assert checksums_match(100.0, 100.0 + 1024.0 * eps("float32"), 1024.0, "float32")

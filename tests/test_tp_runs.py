@@ -1,4 +1,4 @@
-"""The torchrun lesson: the launched sweep, a training step, and PyTorch's own tensor parallelism."""
+"""The torchrun lesson's launches: one per worker, each doing everything its lesson asks."""
 
 from dataclasses import replace
 
@@ -6,47 +6,32 @@ import pytest
 
 from helpers.core.errors import LaunchError
 from helpers.core.paths import RESULTS_DIR
-from helpers.tensor_parallel.config import DemoConfig
-from helpers.tensor_parallel.runs import (
-    launch_dtensor,
-    launch_mesh,
-    launch_tp,
-    tp_sweep,
-    write_all_shards,
-)
+from helpers.core.profiles import get_profile
+from helpers.tensor_parallel.config import DemoConfig, RunOptions
+from helpers.tensor_parallel.runs import launch_mesh, launch_tp, write_all_shards
 
-TINY = DemoConfig(
-    hidden_size=32,
-    ffn_size=64,
-    seq_len=8,
-    batch_size=2,
-    world_size=2,
-    device="cpu",
-    dtype="float32",
-    iters=3,
-    warmup=1,
-    shard_dir=None,
-)
+SMOKE = get_profile("smoke")
+# the smoke profile's FFN (hidden 32, ffn 64, seq 8, batch 2; 3 iterations, 1 untimed)
+TINY = DemoConfig.from_profile(SMOKE, world_size=2, device="cpu", dtype="float32")
 
 
 @pytest.mark.torchrun
-def test_sweep_checksums_match_native():
-    sweep = tp_sweep(TINY, (1, 2))
-    assert [r["world_size"] for r in sweep["rows"]] == [1, 2]
-    for row in sweep["rows"]:
-        assert row["checksum_agrees"] and row["output_agrees"] and row["backend"] == "gloo"
-        assert 0 <= row["output_max_diff"] <= row["output_tolerance"] < 1e-4
-    assert sweep["native"]["tp_simulate_agrees"]
-
-
-@pytest.mark.torchrun
-def test_parallelize_module_matches_the_shard_files():
+def test_one_launch_proves_the_output_the_step_dtensor_and_the_wide_size():
+    """p=2: output and sum, one SGD step through f and g, parallelize_module, a wider FFN."""
     write_all_shards(TINY, (2,))
-    result = launch_dtensor(TINY, 2)
-    assert result["local_shards_equal_files"]
-    assert result["fc1_placement"] == "S(0)" and result["fc2_placement"] == "S(1)"
-    assert result["fc1_local_shape"] == [32, 32] and result["fc2_local_shape"] == [32, 32]
-    assert result["max_diff_vs_hand_tp"] <= 1e-5
+    options = RunOptions(train_step=True, activation="gelu", dtensor=True, wide=SMOKE.ffn)
+    run = launch_tp(TINY, 2, options)
+    assert run.backend == "gloo" and run.output.ok and 0 <= run.output.tolerance < 1e-4
+    step = run.train_step
+    assert step.ok and step.activation == "gelu"
+    assert [p.what for p in step.proofs] == ["loss", "output", "input_grad", "grads", "weights"]
+    assert all(p.tolerance < 1e-4 for p in step.proofs)
+    assert run.dtensor.shards_equal_files and run.dtensor.ok
+    assert run.dtensor.local == (("fc1.weight", "S(0)", (32, 32)), ("fc2.weight", "S(1)", (32, 32)))
+    assert run.wide.output.ok and run.wide.sizes == SMOKE.ffn
+    assert len(run.wide.step.times) == SMOKE.ffn.iters - SMOKE.ffn.warmup
+    assert run.memory.sum().weights == 2 * 32 * 32 * 4  # fc1 and fc2 halves, float32
+    assert len(run.step.times) == TINY.iters - TINY.warmup
 
 
 @pytest.mark.torchrun
@@ -61,16 +46,17 @@ def test_two_dimensional_mesh_step_equals_full_model():
     """dp=2 x tp=2: each rank's output rows and updated shards match one device."""
     config = replace(TINY, batch_size=4, world_size=4)
     result = launch_mesh(config, 4, 2)
-    assert (result["dp"], result["tp"], result["mesh"]) == (2, 2, "[[0, 1], [2, 3]]")
-    assert result["output_diff"] <= 1e-5 and result["weight_diff"] <= 1e-5
+    assert (result.dp, result.tp, result.mesh) == (2, 2, ((0, 1), (2, 3)))
+    assert result.ok and all(p.tolerance < 1e-5 for p in result.proofs)
 
 
-@pytest.mark.torchrun
-def test_training_step_across_ranks_equals_the_one_process_step():
-    """Loss, backward through f and g, SGD: each rank's updated shard is the full model's slice."""
-    write_all_shards(TINY, (2,))
-    result = launch_tp(TINY, 2, train_step=True, activation="gelu")
-    step = result["train_step"]
-    assert step["agrees"] and step["activation"] == "gelu"
-    for what in ("loss", "output", "input_grad", "grads", "weights"):
-        assert step["max_diff"][what] <= step["tolerance"][what] < 1e-4, what
+def test_run_options_round_trip_and_refuse_an_unknown_activation():
+    import argparse
+
+    from helpers.tensor_parallel.config import parser
+
+    ap = RunOptions.add_arguments(argparse.ArgumentParser(parents=[parser()], add_help=False))
+    options = RunOptions(train_step=True, activation="gelu", lr=0.5, dtensor=True, wide=SMOKE.ffn)
+    assert RunOptions.from_args(ap.parse_args(options.args())) == options
+    with pytest.raises(ValueError, match="--activation 'relu'; valid: none, gelu"):
+        RunOptions.from_args(ap.parse_args(["--activation", "relu"]))

@@ -13,7 +13,12 @@ from helpers.memory.measure import measure_training_memory
 
 def _cases() -> dict[str, Callable[[], tuple]]:
     """Name -> builder of (model, inputs, labels, parts, what to estimate, estimate options)."""
-    from helpers.model_parallel.resnet import model_parallel_resnet50, one_hot_labels, resnet50
+    from helpers.model_parallel.resnet import (
+        model_parallel_resnet50,
+        one_hot_labels,
+        resnet50,
+        resnet_layers,
+    )
     from helpers.model_parallel.toy import ToyModel
     from helpers.placement.tiny_lm import LMConfig, build_lm
     from helpers.tensor_parallel.ffn import FeedForward, cut_shard
@@ -33,7 +38,8 @@ def _cases() -> dict[str, Callable[[], tuple]]:
         parts = {f"stage {k}": s for k, s in enumerate(model.stages)} if split else {"cpu": model}
         x = torch.randn(32, 3, 128, 128, generator=g)
         labels = one_hot_labels(torch.arange(32) % 1000, 1000)
-        return model, x, labels, parts, model, {"sample_shape": (3, 128, 128)}
+        chain = model if split else resnet_layers(model)  # torchvision's ResNet: its layer list
+        return model, x, labels, parts, chain, {"sample_shape": (3, 128, 128)}
 
     def ffn(p: int) -> tuple:
         torch.manual_seed(1)
@@ -52,8 +58,10 @@ def _cases() -> dict[str, Callable[[], tuple]]:
         "toy, two devices": lambda: toy(True),
         "resnet50 batch 32 at 128x128, one device": lambda: resnet(False),
         "resnet50 batch 32 at 128x128, two stages": lambda: resnet(True),
-        **{f"ffn 512x4096, seq 512, batch 8, tensor parallel {p}": (lambda p=p: ffn(p))
-           for p in (1, 2, 4)},
+        **{
+            f"ffn 512x4096, seq 512, batch 8, tensor parallel {p}": (lambda p=p: ffn(p))
+            for p in (1, 2, 4)
+        },
         "small llama, 4 blocks of 256, 8 x 128 tokens": llama,
     }
 
@@ -63,14 +71,18 @@ def memory_section(optimizer: str = "adam") -> dict:
     out = {"optimizer": optimizer, "cases": {}}
     for name, build in _cases().items():
         model, x, y, parts, chain, options = build()
-        estimated = estimate_training_memory(chain, batch=x.shape[0], optimizer=optimizer,
-                                             names=list(parts), **options)
+        estimated = estimate_training_memory(
+            chain, batch=x.shape[0], optimizer=optimizer, names=list(parts), **options
+        )
         measured = measure_training_memory(model, x, y, optimizer=optimizer, parts=parts)
         rows = compare_ledgers(measured, estimated)
         out["cases"][name] = rows
         worst = max(abs(r["ratio"] - 1) for r in rows)
         print(f"  {name}: estimate/measured within {worst:.2%}", flush=True)
     out["all_parameter_state_exact"] = all(
-        r["ratio"] == 1.0 for rows in out["cases"].values() for r in rows
-        if r["kind"] != "activations")
+        r["ratio"] == 1.0
+        for rows in out["cases"].values()
+        for r in rows
+        if r["kind"] != "activations"
+    )
     return out

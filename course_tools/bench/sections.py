@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 
 from helpers.core.devices import plan_devices
+from helpers.core.profiles import PROFILES
 from helpers.pipeline.mlp_stack import SchedulesConfig
 from helpers.pipeline.schedule import ideal_speedup
 from helpers.pipeline.schedules_run import launch_schedules
@@ -18,16 +19,18 @@ from helpers.pipeline.stage_runs import PipelineConfig, launch_pipeline
 from helpers.pipeline.timings import in_process_timings
 from helpers.tensor_parallel.runs import WORLD_SIZES, sweep_config, tp_sweep
 
+FULL = PROFILES["full"]  # make bench runs the full profile's sizes
+
 
 def pipeline_section(
-    batch: int = 32,
-    image_size: int = 128,
+    batch: int = FULL.pipeline.batch,
+    image_size: int = FULL.pipeline.image_size,
     stages: int = 2,
-    microbatches: int = 4,
+    microbatches: int = FULL.pipeline.microbatches,
     sweep: Sequence[int] = (1, 2, 4, 8),
     *,
     repeats: int = 5,
-    warmup: int = 2,
+    warmup: int = FULL.warmup,
 ) -> dict:
     """The ``pipeline`` section of bench.json: all timings from the same run."""
     cut = balanced_cut_names(stages, image_size)
@@ -85,16 +88,16 @@ def pipeline_section(
     }
 
 
-def schedules_section(ranks: int = 2, microbatches: int = 8, batch: int = 1024,
-                      width: int = 512, blocks: int = 8, steps: int = 5) -> dict:
-    """``make bench``'s ``schedules`` section: lesson 04's run at a larger size."""
-    config = SchedulesConfig(microbatches, batch, width, blocks, steps, ranks)
+def schedules_section(ranks: int = 2, steps: int = 5) -> dict:
+    """``make bench``'s ``schedules`` section: lesson 04's run at the full profile's size."""
+    f = FULL.schedules
+    config = SchedulesConfig(f.microbatches, f.batch, f.width, f.blocks, steps, ranks)
     return launch_schedules(config, timeout=1800).numbers()
 
 
 def tp_section() -> dict:
     """The ``tp`` section of bench.json: the source's sizes (full profile)."""
-    config = sweep_config(WORLD_SIZES, "full")
+    config = sweep_config(WORLD_SIZES, FULL.name)
     sweep = tp_sweep(config, WORLD_SIZES)
     return {
         "sizes": {
@@ -105,5 +108,5 @@ def tp_section() -> dict:
         "iters": config.iters,
         "warmup": config.warmup,
         "threads_per_rank": 1,
-        "per_world_size": sweep["rows"],
+        "per_world_size": sweep.numbers(),
     }

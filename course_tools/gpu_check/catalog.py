@@ -29,8 +29,9 @@ STEPS = (
     Step(
         "pipeline",
         "in-process micro-batching vs the naive split on plan_devices(2); CPU pipeline with "
-        "K=2 and K=4 stage processes (gloo, one thread each) vs the same processes at M=1",
-        60,
+        "K=2 and K=4 stage processes (gloo, one thread each, lesson 03's CPU sizes) vs the same "
+        "processes at M=1",
+        90,
         40,
     ),
     Step(

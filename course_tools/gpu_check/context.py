@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from helpers.core.devices import DevicePlan
+    from helpers.core.profiles import Profile
 
 
 class StepSkipped(Exception):
@@ -34,113 +35,27 @@ class Step:
 
 @dataclass(frozen=True)
 class Sizes:
-    """The sizes of every step: the source's on a GPU, tiny ones for ``--smoke``."""
+    """What only the GPU check decides: copy sizes and how often each step repeats.
+
+    Every model size comes from ``helpers.core.profiles`` (``full`` on a GPU, ``smoke``
+    for ``--smoke``), the one table the lessons, the bench and the tests read too.
+    """
 
     copy_mb: tuple[float, ...]
     copy_repeats: int
-    proof_batch: int  # ResNet50 training-step proof
-    proof_image: int
-    rn_batch: int  # Model Parallel vs Single GPU (the source's loop)
-    rn_image: int
-    rn_batches: int
-    rn_repeats: int
-    pipe_batch: int  # in-process micro-batching
-    pipe_image: int
-    pipe_micro: int
-    pipe_repeats: int
-    cpu_batch: int  # the CPU pipeline with one process per stage
-    cpu_image: int
-    cpu_micro: int
-    cpu_steps: int
+    rn_repeats: int  # Model Parallel vs Single GPU (the source's loop)
+    pipe_repeats: int  # in-process micro-batching
+    cpu_steps: int  # the CPU pipeline with one process per stage
     cpu_stages: tuple[int, ...]  # K: stage processes, each when the CPU has K cores
-    sched_width: int  # lesson 04: the MLP stack on 2 ranks, four schedules
-    sched_blocks: int
-    sched_batch: int
-    sched_micro: int
-    sched_steps: int
-    lm_profile: str
+    sched_steps: int  # lesson 04: the MLP stack on 2 ranks, four schedules
     lm_repeats: int
-    tp_profile: str
-    tp_overrides: dict[str, int]  # DemoConfig fields replaced in the smoke run
-    demo_args: str
 
 
-# the source's command line (lesson 07), and a tiny one on the CPU for --smoke
-SOURCE_DEMO = (
-    "--hidden_size 512 --ffn_size 4096 --seq_len 512 --batch_size 8 --world_size 4 --device cuda"
-)
-TINY_DEMO = (
-    "--hidden_size 32 --ffn_size 64 --seq_len 8 --batch_size 2 --world_size 4 --device cpu "
-    "--dtype float32 --iters 3 --warmup 1"
-)
-
-FULL = Sizes(
-    copy_mb=(1, 16, 128),
-    copy_repeats=10,
-    proof_batch=16,
-    proof_image=128,
-    rn_batch=120,
-    rn_image=128,
-    rn_batches=3,
-    rn_repeats=10,
-    pipe_batch=32,
-    pipe_image=128,
-    pipe_micro=4,
-    pipe_repeats=5,
-    cpu_batch=16,
-    cpu_image=64,
-    cpu_micro=4,
-    cpu_steps=3,
-    cpu_stages=(2, 4),
-    sched_width=512,  # make bench's size: quick on 2 GPUs, still seconds on 2 CPU ranks
-    sched_blocks=8,
-    sched_batch=1024,
-    sched_micro=8,
-    sched_steps=3,
-    lm_profile="full",
-    lm_repeats=5,
-    tp_profile="full",
-    tp_overrides={},
-    demo_args=SOURCE_DEMO,
-)
-SMOKE = Sizes(
-    copy_mb=(1, 4),
-    copy_repeats=3,
-    proof_batch=2,
-    proof_image=32,
-    rn_batch=2,
-    rn_image=32,
-    rn_batches=1,
-    rn_repeats=1,
-    # balanced_cut_names counts FLOPs in training mode, one image: BatchNorm needs > 1x1,
-    # and 48x48 leaves 2x2 after layer4; one image per micro-batch
-    pipe_batch=2,
-    pipe_image=48,
-    pipe_micro=2,
-    pipe_repeats=1,
-    cpu_batch=2,
-    cpu_image=48,
-    cpu_micro=2,
-    cpu_steps=1,
-    cpu_stages=(2,),  # K=4 runs the same code as K=2
-    sched_width=32,
-    sched_blocks=4,
-    sched_batch=16,
-    sched_micro=4,
-    sched_steps=1,
-    lm_profile="small",
-    lm_repeats=2,
-    tp_profile="small",
-    tp_overrides={
-        "hidden_size": 32,
-        "ffn_size": 64,
-        "seq_len": 8,
-        "batch_size": 2,
-        "iters": 3,
-        "warmup": 1,
-    },
-    demo_args=TINY_DEMO,
-)
+FULL = Sizes(copy_mb=(1, 16, 128), copy_repeats=10, rn_repeats=10, pipe_repeats=5,
+             cpu_steps=3, cpu_stages=(2, 4), sched_steps=3, lm_repeats=5)
+# --smoke: K=4 runs the same code as K=2
+SMOKE = Sizes(copy_mb=(1, 4), copy_repeats=3, rn_repeats=1, pipe_repeats=1,
+              cpu_steps=1, cpu_stages=(2,), sched_steps=1, lm_repeats=2)
 
 
 @dataclass(frozen=True)
@@ -152,6 +67,20 @@ class Context:
     sizes: Sizes
     device_type: str
     machine: dict
+
+    @property
+    def profile(self) -> Profile:
+        """The lessons' sizes this run uses: ``full`` on a GPU, ``smoke`` for ``--smoke``."""
+        from helpers.core.profiles import get_profile
+
+        return get_profile("smoke" if self.smoke else "full")
+
+    @property
+    def cpu_profile(self) -> Profile:
+        """The sizes of the CPU runs (one process per stage): the lessons' CPU profile."""
+        from helpers.core.profiles import get_profile
+
+        return get_profile("smoke" if self.smoke else "small")
 
     @property
     def figures(self) -> Path:

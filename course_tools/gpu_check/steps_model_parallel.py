@@ -112,19 +112,18 @@ def host_to_device_rows(
 def step_lesson01_toy(ctx: Context, fig: dict) -> None:
     """The toy model's training step proven equal to one device; copy bandwidths."""
     from helpers.core.checks import compare_training_step
-    from helpers.core.profiles import get_profile
-    from helpers.model_parallel.toy import ToyModel, copy_to_one_device
+    from helpers.model_parallel.toy import SPLIT_TOLERANCE, ToyModel, copy_to_one_device
     from helpers.model_parallel.transfer import transfer_rows
 
-    plan, p = ctx.plan(2), get_profile("full")  # the toy's sizes are the source's in both
+    plan, p = ctx.plan(2), ctx.profile.toy  # the source's sizes in every profile
     fig.update(devices=[str(d) for d in plan.devices], simulated=plan.simulated, plan=plan.reason)
     torch.manual_seed(0)
-    model = ToyModel(*plan.devices, p.toy_in, p.toy_hidden, p.toy_out)
+    model = ToyModel(*plan.devices, p.inputs, p.hidden, p.outputs)
     single = copy_to_one_device(model, plan.devices[0])
-    x, y = torch.randn(p.toy_batch, p.toy_in), torch.randn(p.toy_batch, p.toy_out)
+    x, y = torch.randn(p.batch, p.inputs), torch.randn(p.batch, p.outputs)
     comparison = compare_training_step(single, model, x.to(plan.devices[0]), y)
-    fig["proof"] = {"atol": 1e-6, **{what: diff for what, diff in comparison.rows()}}
-    print(comparison.check(atol=1e-6))
+    fig["proof"] = {"atol": SPLIT_TOLERANCE, **{what: diff for what, diff in comparison.rows()}}
+    print(comparison.check(atol=SPLIT_TOLERANCE))
     s = ctx.sizes
     fig["host_to_device"] = host_to_device_rows(s.copy_mb, plan.devices[0], s.copy_repeats)
     d2d = transfer_rows(list(s.copy_mb), *plan.devices, repeats=s.copy_repeats)
@@ -150,7 +149,7 @@ def resnet_proof(ctx: Context, devices: Sequence[torch.device], rtol: float) -> 
     torch.manual_seed(0)
     reference = resnet50().to(devices[0])
     candidate = model_parallel_resnet50(devices, model=copy.deepcopy(reference))
-    b, size = ctx.sizes.proof_batch, ctx.sizes.proof_image
+    b, size = ctx.profile.pipeline.batch, ctx.profile.pipeline.image_size
     x = torch.randn(b, 3, size, size).to(devices[0])
     labels = one_hot_labels(torch.randint(0, 1000, (b,)), 1000)
     ref = training_step(reference, x, labels)
@@ -188,11 +187,11 @@ def step_lesson02_resnet(ctx: Context, fig: dict) -> None:
     if not fig["proof"]["agrees"]:
         raise AssertionError(f"ResNet50 split differs beyond rtol {rtol:g}: {fig['proof']}")
     release()
-    s = ctx.sizes
+    s, r = ctx.sizes, ctx.profile.resnet
     fig["sizes"] = {
-        "batch": s.rn_batch,
-        "image": s.rn_image,
-        "batches": s.rn_batches,
+        "batch": r.batch,
+        "image": r.image_size,
+        "batches": r.batches,
         "repeats": s.rn_repeats,
         "warmup": 1,
     }
@@ -201,7 +200,7 @@ def step_lesson02_resnet(ctx: Context, fig: dict) -> None:
 
     def loop(model: torch.nn.Module):
         return lambda: train(
-            model, num_batches=s.rn_batches, batch_size=s.rn_batch, image_size=s.rn_image
+            model, num_batches=r.batches, batch_size=r.batch, image_size=r.image_size
         )
 
     single_label = "Single GPU" if ctx.device_type == "cuda" else "Single CPU"

@@ -54,13 +54,13 @@ def in_process_pipeline(ctx: Context) -> dict:
     """Micro-batches in one process on plan_devices(2) vs the naive split and one device."""
     from helpers.pipeline.timings import in_process_timings
 
-    s, plan = ctx.sizes, ctx.plan(2)
-    cut = balanced_cut(2, s.pipe_image)
+    s, p, plan = ctx.sizes, ctx.profile.pipeline, ctx.plan(2)
+    cut = balanced_cut(2, p.image_size)
     timings = in_process_timings(
-        s.pipe_batch,
-        s.pipe_image,
+        p.batch,
+        p.image_size,
         2,
-        s.pipe_micro,
+        p.microbatches,
         cut,
         repeats=s.pipe_repeats,
         warmup=1,
@@ -81,13 +81,13 @@ def pipeline_processes(ctx: Context, stages: int, baseline: Timing) -> dict:
     from helpers.pipeline.schedule import ideal_speedup
     from helpers.pipeline.stage_runs import PipelineConfig, launch_pipeline
 
-    s = ctx.sizes
-    cut = balanced_cut(stages, s.cpu_image)
-    config = PipelineConfig(s.cpu_batch, s.cpu_image, (("gpipe", s.cpu_micro), ("gpipe", 1)),
+    s, p = ctx.sizes, ctx.cpu_profile.pipeline
+    cut = balanced_cut(stages, p.image_size)
+    config = PipelineConfig(p.batch, p.image_size, (("gpipe", p.microbatches), ("gpipe", 1)),
                             tuple(cut), steps=s.cpu_steps, warmup=1)
     piped = launch_pipeline(config, timeout=300)
     timed = piped.timings()
-    timing, no_overlap = timed[("gpipe", s.cpu_micro)], timed[("gpipe", 1)]
+    timing, no_overlap = timed[("gpipe", p.microbatches)], timed[("gpipe", 1)]
     return {
         "stages": stages,
         "backend": piped.backend,
@@ -96,7 +96,7 @@ def pipeline_processes(ctx: Context, stages: int, baseline: Timing) -> dict:
         **timing.as_dict(),
         "speedup": baseline.mean / timing.mean,
         "speedup_over_m1": no_overlap.mean / timing.mean,
-        "ideal_speedup": ideal_speedup(stages, s.cpu_micro),
+        "ideal_speedup": ideal_speedup(stages, p.microbatches),
         "checks": [asdict(p) for p in piped.proofs],
         # gloo: the same CPU arithmetic as the reference; NCCL stages run on GPUs (TF32)
         "check_agrees": piped.proofs_ok if piped.backend == "gloo" else None,
@@ -117,12 +117,12 @@ def step_pipeline(ctx: Context, fig: dict) -> None:
     fig["in_process"] = in_process_pipeline(ctx)
     print(fig["in_process"]["naive_over_microbatched"], "= naive / micro-batched")
     release()
-    s, cores = ctx.sizes, cpu_cores()
-    baseline = single_thread_step(s.cpu_batch, s.cpu_image, s.cpu_steps)
+    s, p, cores = ctx.sizes, ctx.cpu_profile.pipeline, cpu_cores()
+    baseline = single_thread_step(p.batch, p.image_size, s.cpu_steps)
     fig["cpu_bench"] = {
-        "batch": s.cpu_batch,
-        "image": s.cpu_image,
-        "microbatches": s.cpu_micro,
+        "batch": p.batch,
+        "image": p.image_size,
+        "microbatches": p.microbatches,
         "cpu_cores": cores,
         "one_process_one_thread": baseline.as_dict(),
         "runs": [],
@@ -158,9 +158,9 @@ def step_schedules(ctx: Context, fig: dict) -> None:
         validate_instrumentable()
     except RuntimeError as error:  # an older or newer torch without what lesson 04 wraps
         raise StepSkipped(str(error)) from None
-    s = ctx.sizes
-    config = SchedulesConfig(s.sched_micro, s.sched_batch, s.sched_width, s.sched_blocks,
-                             s.sched_steps, ranks=2)
+    p = ctx.profile.schedules
+    config = SchedulesConfig(p.microbatches, p.batch, p.width, p.blocks, ctx.sizes.sched_steps,
+                             ranks=2)
     result = launch_schedules(config, timeout=300)
     print(result.table())
     fig.update(result.numbers())

@@ -23,24 +23,40 @@ def _jsonable(value: object) -> object:
 
 
 def _memory_cases(smoke: bool) -> dict:
-    """(model, inputs, labels, estimate options) for each course model the ledger knows."""
-    from helpers.model_parallel.resnet import one_hot_labels, resnet50
+    """(model, inputs, labels, what to estimate, estimate options) for each course model."""
+    from helpers.model_parallel.resnet import one_hot_labels, resnet50, resnet_layers
     from helpers.placement.tiny_lm import LMConfig, build_lm
 
     batch, size, seq = (4, 32, 16) if smoke else (32, 128, 1024)
     g = torch.Generator().manual_seed(0)
-    mlp = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(),
-                              torch.nn.Linear(4096, 1024))
-    lm = LMConfig(vocab=512 if smoke else 32000, hidden=64 if smoke else 1024,
-                  blocks=2 if smoke else 8, ffn=256 if smoke else 4096, heads=2 if smoke else 16)
+    mlp = torch.nn.Sequential(
+        torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1024)
+    )
+    lm = LMConfig(
+        vocab=512 if smoke else 32000,
+        hidden=64 if smoke else 1024,
+        blocks=2 if smoke else 8,
+        ffn=256 if smoke else 4096,
+        heads=2 if smoke else 16,
+    )
     ids = torch.randint(0, lm.vocab, (batch, seq), generator=g)
+    resnet, llama = resnet50(1000), build_lm(lm)
     return {
-        "mlp": (mlp, torch.randn(batch, 1024, generator=g), torch.randn(batch, 1024, generator=g),
-                {"sample_shape": (1024,)}),
-        "resnet50": (resnet50(1000), torch.randn(batch, 3, size, size, generator=g),
-                     one_hot_labels(torch.arange(batch) % 1000, 1000),
-                     {"sample_shape": (3, size, size)}),
-        "small_llama": (build_lm(lm), ids, ids.roll(-1, dims=1), {"seq": seq}),
+        "mlp": (
+            mlp,
+            torch.randn(batch, 1024, generator=g),
+            torch.randn(batch, 1024, generator=g),
+            mlp,
+            {"sample_shape": (1024,)},
+        ),
+        "resnet50": (
+            resnet,
+            torch.randn(batch, 3, size, size, generator=g),
+            one_hot_labels(torch.arange(batch) % 1000, 1000),
+            resnet_layers(resnet),  # torchvision's model: the estimator reads its layers
+            {"sample_shape": (3, size, size)},
+        ),
+        "small_llama": (llama, ids, ids.roll(-1, dims=1), llama, {"seq": seq}),
     }
 
 
@@ -59,15 +75,17 @@ def step_memory(ctx: Context, fig: dict) -> None:
     )
 
     device = ctx.plan(1).devices[0]
-    for name, (model, x, y, options) in _memory_cases(ctx.smoke).items():
-        model = model.to(device)
+    for name, (model, x, y, chain, options) in _memory_cases(ctx.smoke).items():
+        model = model.to(device)  # in place: ``chain`` holds the same modules
         measured = measure_training_memory(model, x.to(device), y.to(device), optimizer="adam")
         row = str(device)
-        estimated = estimate_training_memory(model, batch=x.shape[0], optimizer="adam",
-                                             names=[row], **options)
+        estimated = estimate_training_memory(
+            chain, batch=x.shape[0], optimizer="adam", names=[row], **options
+        )
         # a kernel may keep a small tensor on the CPU (a random seed): reported, not compared
-        ratios = {c["kind"]: c["ratio"]
-                  for c in compare_ledgers(Ledger({row: measured[row]}), estimated)}
+        ratios = {
+            c["kind"]: c["ratio"] for c in compare_ledgers(Ledger({row: measured[row]}), estimated)
+        }
         exact = all(ratios[k] == 1.0 for k in ("weights", "grads", "optimizer_state"))
         total, peak = measured[row].total, measured[row].peak_allocated
         fig[name] = {
@@ -78,7 +96,7 @@ def step_memory(ctx: Context, fig: dict) -> None:
             "peak_allocated_over_ledger_total": peak / total if peak else None,
             "other_rows": {k: v for k, v in measured.as_dict().items() if k != row},
         }
-        del model
+        del model, chain
         release()
         if not exact:
             raise AssertionError(f"{name}: weights, grads or optimizer state differ: {ratios}")
@@ -103,7 +121,6 @@ def offload_budgets(sizes: dict[str, int], on_gpu: bool) -> dict:
 
 def step_device_map(ctx: Context, fig: dict) -> None:
     """tiny_lm on GPU 0 + CPU + disk via accelerate, proven equal to one device, timed."""
-    from helpers.core.profiles import get_profile
     from helpers.placement.offload import (
         accelerate_device_map,
         dispatch_with_offload,
@@ -112,7 +129,7 @@ def step_device_map(ctx: Context, fig: dict) -> None:
     from helpers.placement.sizing import module_sizes
     from helpers.placement.tiny_lm import build_lm, lm_config_for
 
-    profile = get_profile(ctx.sizes.lm_profile)
+    profile = ctx.profile
     config = lm_config_for(profile)
     model = build_lm(config)
     main = ctx.plan(1).devices[0]
@@ -134,7 +151,7 @@ def step_device_map(ctx: Context, fig: dict) -> None:
     ids = torch.randint(
         0,
         config.vocab,
-        (profile.lm_batch, profile.lm_seq),
+        (profile.lm.batch, profile.lm.seq),
         generator=torch.Generator().manual_seed(0),
     ).to(main)
     try:

@@ -3,7 +3,7 @@
 The source's ``tp_demo`` command, the shards, tp ranks (NCCL, one GPU per rank) with a
 training step, and DTensor, each proven equal to the native FFN; native vs tp timings.
 ``--smoke`` launches as few processes as cover the code: the demo command's own native
-run stands in for the launched one, one rank runs tp, and DTensor is left out.
+run stands in for the launched one, and one rank runs tp (and DTensor, in the same launch).
 """
 
 from __future__ import annotations
@@ -20,14 +20,21 @@ import torch
 
 from course_tools.gpu_check.context import Context
 from helpers.core.paths import REPO_ROOT
-from helpers.core.timing import Timing
+from helpers.tensor_parallel.dtensor import DTensorRun
+from helpers.tensor_parallel.results import NativeRun, TPRun
 
 if TYPE_CHECKING:
     from helpers.tensor_parallel.config import DemoConfig
 
 
-def _pick(result: dict, *keys: str) -> dict:
-    return {k: result[k] for k in keys}
+def demo_args(ctx: Context) -> list[str]:
+    """The source's documented flags at this run's FFN sizes (--smoke: tiny, float32, CPU)."""
+    f = ctx.profile.ffn
+    args = [f"--hidden_size={f.hidden_size}", f"--ffn_size={f.ffn_size}", f"--seq_len={f.seq_len}",
+            f"--batch_size={f.batch_size}", f"--world_size={f.world_size}"]  # fmt: skip
+    if not ctx.smoke:
+        return [*args, "--device=cuda"]
+    return [*args, "--device=cpu", "--dtype=float32", f"--iters={f.iters}", f"--warmup={f.warmup}"]
 
 
 def run_demo_command(ctx: Context, json_path: Path | None = None) -> dict:
@@ -35,7 +42,7 @@ def run_demo_command(ctx: Context, json_path: Path | None = None) -> dict:
 
     With ``json_path`` the command also writes its native result there (``--json``).
     """
-    args = ctx.sizes.demo_args.split()
+    args = demo_args(ctx)
     env = None
     if ctx.smoke:
         args += ["--shard_dir", str(ctx.scratch / "tp_demo_shards")]
@@ -69,47 +76,49 @@ def tp_world_sizes(ctx: Context) -> list[int]:
     return [p for p in (1, 2, 4, 8) if p <= gpus]
 
 
-def tp_run_row(config: DemoConfig, p: int, native: dict) -> dict:
-    """launch_tp with the training step: timings, backend, elementwise and step proofs."""
-    from helpers.tensor_parallel.runs import launch_tp
-
-    r = launch_tp(config, p, train_step=True, timeout=300)
-    step = r["train_step"]
+def tp_run_row(run: TPRun, native: NativeRun) -> dict:
+    """One launch with the training step: timings, backend, elementwise and step proofs."""
     return {
-        "world_size": p,
-        "backend": r["backend"],
-        "device": r["device"],
-        "dtype": r["dtype"],
-        "tp_s": r["mean_s"],
-        "tp_std_s": r["std_s"],
-        "native_s": native["mean_s"],
-        "tp_over_native": r["mean_s"] / native["mean_s"],
-        "compute_s": Timing("c", r["compute_times_s"]).mean,
-        "allreduce_s": Timing("a", r["allreduce_times_s"]).mean,
-        "output_max_diff": r["output_max_diff"],
-        "output_tolerance": r["output_tolerance"],
-        "output_agrees": r["output_agrees"],
-        "train_step_agrees": step["agrees"],
-        "train_step_max_diff": step["max_diff"],
+        "world_size": run.world_size,
+        "backend": run.backend,
+        "device": run.device,
+        "dtype": run.dtype,
+        "tp_s": run.step.mean,
+        "tp_std_s": run.step.std,
+        "native_s": native.timing.mean,
+        "tp_over_native": run.step.mean / native.timing.mean,
+        "compute_s": run.compute.mean,
+        "allreduce_s": run.allreduce.mean,
+        "output_max_diff": run.output.max_diff,
+        "output_tolerance": run.output.tolerance,
+        "output_agrees": run.agrees(native),
+        "train_step_agrees": run.train_step.ok,
+        "train_step_max_diff": {q.what: q.max_diff for q in run.train_step.proofs},
     }
 
 
-def dtensor_figures(config: DemoConfig, world_size: int) -> dict:
-    """launch_dtensor: its shards equal the files, its output equals hand-made tp."""
-    from helpers.tensor_parallel.runs import launch_dtensor
-
-    d = launch_dtensor(config, world_size, timeout=300)
-    out = _pick(
-        d, "world_size", "backend", "local_shards_equal_files", "max_diff_vs_hand_tp", "tolerance"
-    )
-    out["mean_s"] = Timing("dtensor", d["times_s"]).mean
-    out["agrees"] = d["local_shards_equal_files"] and d["max_diff_vs_hand_tp"] <= d["tolerance"]
-    return out
+def dtensor_figures(d: DTensorRun) -> dict:
+    """parallelize_module on the same ranks: its shards equal the files, its output the hand tp."""
+    return {
+        "world_size": d.world_size,
+        "backend": d.backend,
+        "local_shards_equal_files": d.shards_equal_files,
+        "max_diff_vs_hand_tp": d.vs_hand.max_diff,
+        "tolerance": d.vs_hand.tolerance,
+        "mean_s": d.timing.mean,
+        "agrees": d.ok,
+    }
 
 
 def step_tensor_parallel(ctx: Context, fig: dict) -> None:
     """tp_demo's command; shards; tp ranks and DTensor proven equal to native; timings."""
-    from helpers.tensor_parallel.runs import launch_native, sweep_config, write_all_shards
+    from helpers.tensor_parallel.config import RunOptions
+    from helpers.tensor_parallel.runs import (
+        launch_native,
+        launch_tp,
+        sweep_config,
+        write_all_shards,
+    )
 
     demo_json = ctx.scratch / "tp_demo_native.json" if ctx.smoke else None
     if demo_json is not None:
@@ -118,7 +127,7 @@ def step_tensor_parallel(ctx: Context, fig: dict) -> None:
     sizes = tp_world_sizes(ctx)
     if ctx.device_type == "cuda" and torch.cuda.device_count() < 2:
         fig["skipped_world_sizes"] = "2..N: one GPU here, and NCCL never gets two ranks on one GPU"
-    config = replace(sweep_config(sizes, ctx.sizes.tp_profile), **ctx.sizes.tp_overrides)
+    config = sweep_config(sizes, ctx.profile.name)
 
     def at(p: int) -> DemoConfig:
         return replace(config, world_size=p, shard_dir=str(ctx.scratch / "tp_shards" / f"world{p}"))
@@ -128,26 +137,30 @@ def step_tensor_parallel(ctx: Context, fig: dict) -> None:
     if demo_json is None:
         native = launch_native(at(max(sizes)), timeout=300)
     elif demo_json.exists():  # --smoke: the demo command ran the same FFN natively
-        native = json.loads(demo_json.read_text())
+        native = NativeRun.from_dict(json.loads(demo_json.read_text()))
         fig["native_from"] = "the tp_demo command (--smoke: one launch fewer)"
     else:
         raise AssertionError(f"the tp_demo command failed: {fig['demo']['stderr_tail']}")
-    fig["native"] = _pick(
-        native, "device", "dtype", "mean_s", "std_s", "tp_simulate_max_diff", "tp_simulate_agrees"
-    )
+    fig["native"] = {
+        "dtype": native.dtype,
+        "mean_s": native.timing.mean,
+        "std_s": native.timing.std,
+        "tp_simulate_max_diff": native.simulate.max_diff,
+        "tp_simulate_agrees": native.simulate.ok,
+    }
     fig["runs"] = []
-    for p in sizes:
-        fig["runs"].append(tp_run_row(at(p), p, native))
+    runs = {}
+    for p in sizes:  # the largest world size also proves parallelize_module, in the same launch
+        options = RunOptions(train_step=True, dtensor=p == max(sizes))
+        runs[p] = launch_tp(at(p), p, options, timeout=300)
+        fig["runs"].append(tp_run_row(runs[p], native))
         print({k: v for k, v in fig["runs"][-1].items() if k != "train_step_max_diff"})
     proofs = [
         ("tp_demo command", fig["demo"]["agrees"]),
-        ("tp_simulate", native["tp_simulate_agrees"]),
+        ("tp_simulate", native.simulate.ok),
     ]
-    if ctx.smoke:
-        fig["dtensor"] = {"skipped": "not in --smoke: two more processes for one more proof"}
-    else:
-        fig["dtensor"] = dtensor_figures(at(max(sizes)), max(sizes))
-        proofs.append(("dtensor", fig["dtensor"]["agrees"]))
+    fig["dtensor"] = dtensor_figures(runs[max(sizes)].dtensor)
+    proofs.append(("dtensor", fig["dtensor"]["agrees"]))
     problems = [
         f"tp p={r['world_size']}"
         for r in fig["runs"]

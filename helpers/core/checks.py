@@ -135,6 +135,37 @@ class StepComparison:
         return text
 
 
+@dataclass(frozen=True)
+class Proof:
+    """One quantity of a parallel run against its one-device reference, and its verdict.
+
+    ``tolerance`` is decided where the proof is made (the worker or the lesson's helper),
+    from a named rule; ``ok`` is the only place the verdict is taken.
+    """
+
+    what: str
+    max_diff: float
+    tolerance: float
+
+    @property
+    def ok(self) -> bool:
+        return self.max_diff <= self.tolerance
+
+    def line(self, width: int = 12) -> str:
+        """``what  max |diff| ≈ ...  tolerance ≈ ...  OK``"""
+        return (
+            f"{self.what:<{width}} max |diff| ≈ {self.max_diff:.1e}  "
+            f"tolerance ≈ {self.tolerance:.1e}  {'OK' if self.ok else 'FAILED'}"
+        )
+
+    def as_dict(self) -> dict:
+        return {"what": self.what, "max_diff": self.max_diff, "tolerance": self.tolerance}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Proof:
+        return cls(data["what"], data["max_diff"], data["tolerance"])
+
+
 def compare_steps(reference: StepResult, candidate: StepResult) -> StepComparison:
     """Compare two training steps' results."""
     grads, worst_grad = _max_diff(reference.grads, candidate.grads)

@@ -1,8 +1,10 @@
-"""The two size profiles of the series, in one place.
+"""Every size the series uses, in one table: three profiles, one section per lesson.
 
 ``small`` makes the whole series run in minutes on a 2-core CPU (CI).
-``full`` uses the source documents' sizes. ``auto`` picks ``full`` when a CUDA GPU
-is present, else ``small``. The environment variable ``TUTORIAL_PROFILE`` chooses.
+``full`` uses the source documents' sizes (and is what ``make bench`` and the GPU check run).
+``smoke`` is the tiniest that still runs every code path (unit tests, ``gpu-check --smoke``).
+``auto`` picks ``full`` when a CUDA GPU is present, else ``small``. The environment
+variable ``TUTORIAL_PROFILE`` chooses for the lessons (``small``, ``full`` or ``auto``).
 """
 
 from __future__ import annotations
@@ -13,7 +15,75 @@ from dataclasses import dataclass
 import torch
 
 ENV_VAR = "TUTORIAL_PROFILE"
-CHOICES = ("small", "full", "auto")
+CHOICES = ("small", "full", "auto")  # what $TUTORIAL_PROFILE may say
+NAMES = ("smoke", "small", "full")  # what get_profile(name) accepts
+
+
+@dataclass(frozen=True)
+class ToySizes:
+    """Lesson 01: the toy model (the source's sizes are tiny, so every profile uses them)."""
+
+    batch: int = 20
+    inputs: int = 10000
+    hidden: int = 10
+    outputs: int = 5
+
+
+@dataclass(frozen=True)
+class ResNetSizes:
+    """Lesson 02: the ResNet50 training loop."""
+
+    batch: int
+    image_size: int
+    batches: int
+    classes: int = 1000
+
+
+@dataclass(frozen=True)
+class PipelineSizes:
+    """Lesson 03: ResNet50 in stages, one process each."""
+
+    batch: int
+    image_size: int
+    microbatches: int
+
+
+@dataclass(frozen=True)
+class ScheduleSizes:
+    """Lesson 04: pipeline schedules on a stack of equal MLP blocks."""
+
+    width: int
+    blocks: int
+    batch: int
+    microbatches: int
+
+
+@dataclass(frozen=True)
+class FFNSizes:
+    """Lessons 06 and 07: the tensor-parallel FFN, in the source script's flag names."""
+
+    hidden_size: int
+    ffn_size: int
+    seq_len: int
+    batch_size: int
+    world_size: int
+    iters: int
+    warmup: int
+
+
+@dataclass(frozen=True)
+class LMSizes:
+    """Lesson 05: ``device_map="auto"`` on a Llama-shaped model (MLP 4x hidden, 64 per head)."""
+
+    vocab: int
+    hidden: int
+    blocks: int
+    batch: int
+    seq: int
+
+
+# the source's documented command: torch_tp_demo.py --hidden_size 512 --ffn_size 4096 ...
+SOURCE_FFN = FFNSizes(512, 4096, 512, 8, world_size=4, iters=32, warmup=4)
 
 
 @dataclass(frozen=True)
@@ -21,57 +91,35 @@ class Profile:
     """Sizes used by the lessons; every notebook prints the one in use."""
 
     name: str
-    # timing (all lessons): untimed warm-up runs, then timed repeats
-    warmup: int
+    warmup: int  # timing (all lessons): untimed warm-up runs, then timed repeats
     repeats: int
-    # lesson 01: toy model (the source's sizes are tiny, so both profiles use them)
-    toy_batch: int
-    toy_in: int
-    toy_hidden: int
-    toy_out: int
-    # lesson 02: ResNet50 training loop
-    resnet_batch: int
-    image_size: int
-    num_batches: int
-    num_classes: int
-    # lesson 03: pipeline parallelism
-    pipe_batch: int
-    pipe_image_size: int
-    pipe_microbatches: int
-    # lesson 04: pipeline schedules on a stack of equal MLP blocks
-    sched_width: int
-    sched_blocks: int
-    sched_batch: int
-    sched_microbatches: int
-    # lessons 06 and 07: tensor-parallel FFN (the source's flags)
-    hidden_size: int
-    ffn_size: int
-    seq_len: int
-    ffn_batch: int
-    world_size: int
-    ffn_iters: int
-    ffn_warmup: int
-    # lesson 05: device_map="auto" on a Llama-shaped model (MLP width 4x hidden, 64 per head)
-    lm_vocab: int
-    lm_hidden: int
-    lm_blocks: int
-    lm_batch: int
-    lm_seq: int
+    toy: ToySizes
+    resnet: ResNetSizes
+    pipeline: PipelineSizes
+    schedules: ScheduleSizes
+    ffn: FFNSizes
+    wide_ffn: FFNSizes  # lesson 07 also times the forward here: wide enough for p = 2 to pay
+    lm: LMSizes
 
     def describe(self, topic: str | None = None) -> str:
         """One line naming the profile and the sizes that ``topic`` (a lesson's subject) uses."""
+        t, r, p, s, f, m = self.toy, self.resnet, self.pipeline, self.schedules, self.ffn, self.lm
+        w = self.wide_ffn
         sizes = {
-            "toy": f"toy model {self.toy_in} -> {self.toy_hidden} -> {self.toy_out}, batch {self.toy_batch}",
-            "resnet": f"ResNet50 batch {self.resnet_batch} at {self.image_size}x{self.image_size}, "
-            f"{self.num_batches} batches",
-            "pipeline": f"ResNet50 batch {self.pipe_batch} at {self.pipe_image_size}x"
-            f"{self.pipe_image_size}, {self.pipe_microbatches} micro-batches",
-            "schedules": f"{self.sched_blocks} MLP blocks of width {self.sched_width}, batch "
-            f"{self.sched_batch}, {self.sched_microbatches} micro-batches",
-            "lm": f"Llama-shaped model: vocab {self.lm_vocab}, hidden {self.lm_hidden}, "
-            f"{self.lm_blocks} blocks; batch {self.lm_batch} x {self.lm_seq} tokens",
-            "ffn": f"FFN hidden {self.hidden_size}, ffn {self.ffn_size}, seq {self.seq_len}, "
-            f"batch {self.ffn_batch}, world size {self.world_size}",
+            "toy": f"toy model {t.inputs} -> {t.hidden} -> {t.outputs}, batch {t.batch}",
+            "resnet": f"ResNet50 batch {r.batch} at {r.image_size}x{r.image_size}, "
+            f"{r.batches} batches",
+            "pipeline": f"ResNet50 batch {p.batch} at {p.image_size}x{p.image_size}, "
+            f"{p.microbatches} micro-batches",
+            "schedules": f"{s.blocks} MLP blocks of width {s.width}, batch {s.batch}, "
+            f"{s.microbatches} micro-batches",
+            "lm": f"Llama-shaped model: vocab {m.vocab}, hidden {m.hidden}, {m.blocks} blocks; "
+            f"batch {m.batch} x {m.seq} tokens",
+            "ffn": f"FFN hidden {f.hidden_size}, ffn {f.ffn_size}, seq {f.seq_len}, "
+            f"batch {f.batch_size}, world size {f.world_size}",
+            "ffn_timing": f"FFN hidden {f.hidden_size}, ffn {f.ffn_size}, seq {f.seq_len}, "
+            f"batch {f.batch_size}, world size {f.world_size}; timed also at hidden "
+            f"{w.hidden_size}, ffn {w.ffn_size}, seq {w.seq_len}, batch {w.batch_size}",
         }
         if topic is not None and topic not in sizes:
             raise ValueError(f"unknown topic {topic!r}; valid choices: {', '.join(sizes)}")
@@ -80,81 +128,48 @@ class Profile:
         return f"profile '{self.name}': " + "; ".join([*chosen, timing])
 
 
+SMALL_LM = LMSizes(vocab=4096, hidden=128, blocks=6, batch=4, seq=32)
+
 PROFILES: dict[str, Profile] = {
+    "smoke": Profile(
+        "smoke", warmup=1, repeats=1, toy=ToySizes(),
+        resnet=ResNetSizes(batch=2, image_size=32, batches=1),
+        # one image per micro-batch; 48x48 leaves 2x2 after layer4 (BatchNorm needs > 1x1)
+        pipeline=PipelineSizes(batch=2, image_size=48, microbatches=2),
+        schedules=ScheduleSizes(width=32, blocks=4, batch=16, microbatches=4),
+        ffn=FFNSizes(32, 64, 8, 2, world_size=4, iters=3, warmup=1),
+        wide_ffn=FFNSizes(64, 256, 16, 2, world_size=4, iters=3, warmup=1),
+        lm=SMALL_LM,
+    ),
     "small": Profile(
-        name="small",
-        warmup=2,
-        repeats=3,
-        toy_batch=20,
-        toy_in=10000,
-        toy_hidden=10,
-        toy_out=5,
-        resnet_batch=16,
-        image_size=64,
-        num_batches=2,
-        num_classes=1000,
-        pipe_batch=16,
-        pipe_image_size=128,
-        pipe_microbatches=4,
-        sched_width=256,
-        sched_blocks=8,
-        sched_batch=512,
-        sched_microbatches=4,
-        hidden_size=128,
-        ffn_size=512,
-        seq_len=64,
-        ffn_batch=2,
-        world_size=4,
-        ffn_iters=12,
-        ffn_warmup=2,
-        lm_vocab=4096,
-        lm_hidden=128,
-        lm_blocks=6,
-        lm_batch=4,
-        lm_seq=32,
+        "small", warmup=2, repeats=3, toy=ToySizes(),
+        resnet=ResNetSizes(batch=16, image_size=64, batches=2),
+        pipeline=PipelineSizes(batch=16, image_size=128, microbatches=4),
+        schedules=ScheduleSizes(width=256, blocks=8, batch=512, microbatches=4),
+        ffn=FFNSizes(128, 512, 64, 2, world_size=4, iters=12, warmup=2),
+        wide_ffn=FFNSizes(512, 2048, 128, 4, world_size=4, iters=7, warmup=2),
+        lm=SMALL_LM,
     ),
     "full": Profile(
-        name="full",
-        warmup=2,
-        repeats=10,
-        toy_batch=20,
-        toy_in=10000,
-        toy_hidden=10,
-        toy_out=5,
-        resnet_batch=120,
-        image_size=128,
-        num_batches=3,
-        num_classes=1000,
-        pipe_batch=32,
-        pipe_image_size=128,
-        pipe_microbatches=4,
-        sched_width=1024,
-        sched_blocks=8,
-        sched_batch=2048,
-        sched_microbatches=8,
-        hidden_size=512,
-        ffn_size=4096,
-        seq_len=512,
-        ffn_batch=8,
-        world_size=4,
-        ffn_iters=32,
-        ffn_warmup=4,
-        lm_vocab=32000,
-        lm_hidden=1024,
-        lm_blocks=8,
-        lm_batch=8,
-        lm_seq=256,
+        "full", warmup=2, repeats=10, toy=ToySizes(),
+        resnet=ResNetSizes(batch=120, image_size=128, batches=3),
+        pipeline=PipelineSizes(batch=32, image_size=128, microbatches=4),
+        schedules=ScheduleSizes(width=512, blocks=8, batch=1024, microbatches=8),
+        ffn=SOURCE_FFN,
+        wide_ffn=SOURCE_FFN,
+        lm=LMSizes(vocab=32000, hidden=1024, blocks=8, batch=8, seq=256),
     ),
-}
+}  # fmt: skip
 
 
 def resolve_name(name: str | None = None) -> str:
-    """Turn ``name`` (or ``$TUTORIAL_PROFILE``, default ``auto``) into ``small`` or ``full``."""
+    """Turn ``name`` (or ``$TUTORIAL_PROFILE``, default ``auto``) into a profile's name."""
     chosen = (name if name is not None else os.environ.get(ENV_VAR, "auto")).strip().lower()
-    if chosen not in CHOICES:
+    valid = (*NAMES, "auto") if name is not None else CHOICES
+    if chosen not in valid:
         source = "argument" if name is not None else f"${ENV_VAR}"
         raise ValueError(
-            f"unknown profile {chosen!r} (from {source}); valid choices: {', '.join(CHOICES)}"
+            f"unknown profile {chosen!r} (from {source}); valid choices: {', '.join(valid)}"
         )
     if chosen == "auto":
         return "full" if torch.cuda.is_available() else "small"

@@ -3,13 +3,21 @@
 ``measure_training_memory`` and ``estimate_training_memory`` return the same
 :class:`Ledger` (weights, grads, optimizer state, activations per device), so a lesson
 can prove the estimate against the measurement before it uses the estimate.
+
+The estimator knows no lesson's model: a model is estimated when it gives its chain of
+layers (:class:`LayerChain`, a ``layer_chain()`` method), or its transformer sizes
+(:class:`HasTransformerShape`, a ``transformer_shape()`` method); an ``nn.Sequential`` or a
+list of layers is read as it is.
 """
 
 from helpers.memory.estimate import (
     PRECISIONS,
+    HasTransformerShape,
+    LayerChain,
     estimate_layers,
     estimate_training_memory,
     estimate_transformer,
+    layers_of,
     parameter_memory,
 )
 from helpers.memory.ledger import DeviceMemory, Ledger, compare_ledgers, comparison_table
@@ -24,6 +32,8 @@ __all__ = [
     "OPTIMIZERS",
     "PRECISIONS",
     "DeviceMemory",
+    "HasTransformerShape",
+    "LayerChain",
     "Ledger",
     "SavedTensorMeter",
     "TransformerShape",
@@ -32,6 +42,7 @@ __all__ = [
     "estimate_layers",
     "estimate_training_memory",
     "estimate_transformer",
+    "layers_of",
     "measure_training_memory",
     "parameter_memory",
 ]

@@ -1,13 +1,16 @@
-"""Predict a training step's memory ledger from shapes alone, for the course's models.
+"""Predict a training step's memory ledger from shapes alone.
 
 Weights, grads and optimizer state follow from parameter counts and dtypes; the
-activations from the rules in :mod:`layer_rules` (layer lists: the toy model, ResNet50,
-the FFN) or the formula in :mod:`transformer` (Llama shapes of any size).
+activations from the rules in :mod:`layer_rules` (chains of layers) or the formula in
+:mod:`transformer` (Llama shapes of any size). The estimator knows no lesson: a model
+says what it is through a small protocol, :class:`LayerChain` (``layer_chain()``) or
+:class:`HasTransformerShape` (``transformer_shape()``), implemented where it is defined.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 from torch import nn
 
@@ -19,6 +22,24 @@ from helpers.memory.transformer import TransformerShape
 PRECISIONS = ("fp32", "mixed")
 
 
+@runtime_checkable
+class LayerChain(Protocol):
+    """A model that runs as a chain of layers, one after another, and can say so."""
+
+    def layer_chain(self) -> tuple[list[nn.Module], list[int]]:
+        """(its layers in forward order, its split points: a new part starts before each)."""
+        ...
+
+
+@runtime_checkable
+class HasTransformerShape(Protocol):
+    """A Llama-shaped model that can give its sizes."""
+
+    def transformer_shape(self) -> TransformerShape:
+        """Its sizes, for :func:`estimate_transformer`."""
+        ...
+
+
 def validate_precision(name: str) -> str:
     """``name`` if known, else a ValueError naming the choices."""
     if name not in PRECISIONS:
@@ -26,8 +47,9 @@ def validate_precision(name: str) -> str:
     return name
 
 
-def parameter_memory(numel: int, tensors: int, *, optimizer: str, precision: str = "fp32",
-                     buffers: int = 0) -> DeviceMemory:
+def parameter_memory(
+    numel: int, tensors: int, *, optimizer: str, precision: str = "fp32", buffers: int = 0
+) -> DeviceMemory:
     """Weights, grads and optimizer state for ``numel`` parameters in ``tensors`` tensors.
 
     ``fp32``: 4 bytes each for weights and grads, plus the optimizer's copies.
@@ -75,8 +97,12 @@ def estimate_layers(
     rows = {}
     for name, (a, b), act in zip(names, zip(bounds, bounds[1:], strict=False), acts, strict=True):
         params, buffers = _unique(layers[a:b])
-        row = parameter_memory(sum(p.numel() for p in params), len(params), optimizer=optimizer,
-                               buffers=sum(t.numel() * t.element_size() for t in buffers))
+        row = parameter_memory(
+            sum(p.numel() for p in params),
+            len(params),
+            optimizer=optimizer,
+            buffers=sum(t.numel() * t.element_size() for t in buffers),
+        )
         row.activations = act
         rows[name] = row
     return Ledger(rows, note=f"estimated from shapes, optimizer {optimizer}")
@@ -129,35 +155,23 @@ def estimate_transformer(
 
 
 def layers_of(model: object) -> tuple[list[nn.Module], list[int]]:
-    """(layers in forward order, split points) of a course model that is a chain of layers.
+    """(layers in forward order, split points) of a chain of layers.
 
-    A torchvision ResNet, the toy model (two parts: net1 and the ReLU, then net2), a
-    ``StagedModel`` (its
-    stages give the split points), the FFN or a
-    rank's FFN shard, an ``nn.Sequential``, or a list of modules or (name, module) pairs.
+    A :class:`LayerChain` gives both; an ``nn.Sequential`` or a list of modules or of
+    (name, module) pairs (``resnet_layers(model)``, for instance) is one part.
     """
-    from torchvision.models.resnet import ResNet
-
-    from helpers.model_parallel.resnet import resnet_layers
-    from helpers.model_parallel.stages import StagedModel
-
-    if isinstance(model, ResNet):
-        return [m for _, m in resnet_layers(model)], []
-    if isinstance(model, StagedModel):
-        layers = [m for stage in model.stages for m in stage]
-        sizes = [len(stage) for stage in model.stages]
-        return layers, [sum(sizes[:k]) for k in range(1, len(sizes))]
-    if all(hasattr(model, n) for n in ("net1", "relu", "net2")):
-        return [model.net1, model.relu, model.net2], [2]  # net1 and ReLU | net2
-    if all(hasattr(model, n) for n in ("fc1", "act", "fc2")):
-        return [model.fc1, model.act, model.fc2], []
+    if isinstance(model, LayerChain):
+        layers, points = model.layer_chain()
+        return list(layers), list(points)
     if isinstance(model, nn.Sequential):
         return list(model), []
     if isinstance(model, (list, tuple)) and model:
         return [m[1] if isinstance(m, tuple) else m for m in model], []
     raise ValueError(
-        f"cannot estimate a {type(model).__name__}; valid: TransformerShape, TinyLM, ResNet, ToyModel, "
-        "StagedModel, FeedForward(Shard), nn.Sequential, or a list of layers"
+        f"cannot estimate a {type(model).__name__}: the estimator reads no model it is not "
+        "told how to read; valid: a model with a layer_chain() method (the LayerChain "
+        "protocol of helpers.memory), an nn.Sequential, or the list of its layers in forward "
+        "order; for a transformer, a TransformerShape or a model with transformer_shape()"
     )
 
 
@@ -175,23 +189,38 @@ def estimate_training_memory(
 ) -> Ledger:
     """The ledger :func:`measure_training_memory` would measure, predicted from shapes.
 
-    Llama shapes (a ``TransformerShape``, or a ``TinyLM`` whose config is read) need
+    Llama shapes (a ``TransformerShape``, or a :class:`HasTransformerShape` model) need
     ``seq`` and take :func:`estimate_transformer`'s options (``stages``, ``tp``,
     ``in_flight``); chains of layers (see :func:`layers_of`) need ``sample_shape`` (one
     input without the batch) and ``loss`` (``"mse"`` or ``"cross_entropy"``).
     """
-    config = getattr(model, "config", None)
-    if isinstance(model, TransformerShape) or config is not None:
+    if isinstance(model, (TransformerShape, HasTransformerShape)):
         if seq is None:
             raise ValueError("a transformer estimate needs seq= (tokens per sequence)")
-        shape = model if isinstance(model, TransformerShape) else TransformerShape.of(config)
-        return estimate_transformer(shape, batch=batch, seq=seq, optimizer=optimizer,
-                                    precision=precision, names=names, **transformer)
+        shape = model if isinstance(model, TransformerShape) else model.transformer_shape()
+        return estimate_transformer(
+            shape,
+            batch=batch,
+            seq=seq,
+            optimizer=optimizer,
+            precision=precision,
+            names=names,
+            **transformer,
+        )
     if validate_precision(precision) != "fp32" or transformer:
-        raise ValueError(f"precision={precision!r} and {sorted(transformer)} apply to "
-                         "transformer shapes only; valid for a chain of layers: fp32, no options")
+        raise ValueError(
+            f"precision={precision!r} and {sorted(transformer)} apply to "
+            "transformer shapes only; valid for a chain of layers: fp32, no options"
+        )
     if sample_shape is None:
         raise ValueError("a chain of layers needs sample_shape= (one input, without the batch)")
     layers, points = layers_of(model)
-    return estimate_layers(layers, sample_shape, batch=batch, split_points=points, names=names,
-                           optimizer=optimizer, loss=loss)
+    return estimate_layers(
+        layers,
+        sample_shape,
+        batch=batch,
+        split_points=points,
+        names=names,
+        optimizer=optimizer,
+        loss=loss,
+    )

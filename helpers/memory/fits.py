@@ -66,29 +66,40 @@ def per_gpu(shape: TransformerShape, layout: Layout, *, seq: int, micro_batch: i
     return max(ledger.rows.values(), key=lambda r: r.total)
 
 
+@dataclass(frozen=True)
+class Fit:
+    """One (model, layout): GPUs per model copy, the fullest GPU's ledger, whether it fits."""
+
+    model: str
+    layout: str
+    gpus: int
+    memory: DeviceMemory
+    fits: bool
+
+
 def fits_table(shapes: dict[str, TransformerShape], *, gpu_bytes: int, seq: int,
-               microbatches: int = 32, layouts: tuple[Layout, ...] = LAYOUTS) -> list[dict]:
-    """One row per (model, layout): GPUs per model copy, the fullest GPU's ledger, and
-    whether it fits (data parallelism adds copies, each GPU holding a whole one)."""
+               microbatches: int = 32, layouts: tuple[Layout, ...] = LAYOUTS) -> list[Fit]:
+    """One row per (model, layout) (data parallelism adds copies, each GPU holding a whole
+    one, so its row is one GPU's)."""
     rows = []
     for model, shape in shapes.items():
         for layout in layouts:
             row = per_gpu(shape, layout, seq=seq, microbatches=microbatches)
-            rows.append({"model": model, "layout": layout.name, "gpus": layout.tp * layout.pp,
-                         "memory": row, "fits": row.total <= gpu_bytes})
+            rows.append(Fit(model, layout.name, layout.tp * layout.pp, row,
+                            row.total <= gpu_bytes))
     return rows
 
 
-def format_fits(rows: list[dict], gpu_bytes: int) -> str:
+def format_fits(rows: list[Fit], gpu_bytes: int) -> str:
     """The table as text, with the budget named."""
     head = (f"{'model':<10}{'layout':<20}{'GPUs':>5}{'weights':>11}{'grads':>11}"
             f"{'optimizer':>12}{'activations':>13}{'total':>13}  fits {format_bytes(gpu_bytes)}?")
     lines = [head]
     for r in rows:
-        m = r["memory"]
+        m = r.memory
         cells = (m.weights, m.grads, m.optimizer_state, m.activations, m.total)
         widths = (11, 11, 12, 13, 13)
-        lines.append(f"{r['model']:<10}{r['layout']:<20}{r['gpus']:>5}"
+        lines.append(f"{r.model:<10}{r.layout:<20}{r.gpus:>5}"
                      + "".join(f"{format_bytes(c):>{w}}" for c, w in zip(cells, widths, strict=True))
-                     + f"  {'yes' if r['fits'] else 'no'}")
+                     + f"  {'yes' if r.fits else 'no'}")
     return "\n".join(lines)

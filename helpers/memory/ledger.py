@@ -46,6 +46,12 @@ class Ledger:
         """All rows added up (``peak_allocated`` left out)."""
         return DeviceMemory(**{k: sum(getattr(r, k) for r in self.rows.values()) for k in KINDS})
 
+    def matches(self, other: Ledger) -> bool:
+        """Same rows, and every kind equal byte for byte (the CUDA peak left out)."""
+        return list(self.rows) == list(other.rows) and all(
+            getattr(self[n], k) == getattr(other[n], k) for n in self.rows for k in KINDS
+        )
+
     def as_dict(self) -> dict[str, dict]:
         """Plain numbers per row, for JSON."""
         return {name: {**asdict(row), "total": row.total} for name, row in self.rows.items()}

@@ -1,0 +1,6 @@
+"""A model split by layers over devices, lessons 01 and 02.
+
+Taught: ``toy`` (two layers on two devices), ``stages`` (a K-stage split of any layer
+list), ``resnet`` (ResNet50 as a layer list and the source's training loop) and
+``transfer`` (what moving an activation between devices costs).
+"""

@@ -68,6 +68,15 @@ class StagedModel(nn.Module):
             x = stage(x.to(device))  # the activation crosses to the stage's device
         return x
 
+    def layer_chain(self) -> tuple[list[nn.Module], list[int]]:
+        """All stages' layers in forward order, and the split points between the stages.
+
+        (``helpers.memory``'s ``LayerChain`` protocol: what its estimator reads.)
+        """
+        sizes = [len(stage) for stage in self.stages]
+        layers = [layer for stage in self.stages for layer in stage]
+        return layers, [sum(sizes[:k]) for k in range(1, len(sizes))]
+
 
 def input_device(model: nn.Module) -> torch.device:
     """Where a model's input should go: its first stage's device, else its first parameter's."""

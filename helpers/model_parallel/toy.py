@@ -5,6 +5,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+# Lesson 01's proof: float32, the same kernels in the same order, so the same bits are
+# expected; 1e-6 absolute is many ulps at these magnitudes and still catches a wrong split.
+SPLIT_TOLERANCE = 1e-6
+
 
 class ToyModel(nn.Module):
     """``net1`` (in -> hidden) on ``dev0``, ReLU, ``net2`` (hidden -> out) on ``dev1``.
@@ -30,6 +34,13 @@ class ToyModel(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.relu(self.net1(x.to(self.dev0)))
         return self.net2(x.to(self.dev1))  # the activation crosses devices here
+
+    def layer_chain(self) -> tuple[list[nn.Module], list[int]]:
+        """The layers in forward order, cut before layer 2: net1 and the ReLU | net2.
+
+        (``helpers.memory``'s ``LayerChain`` protocol: what its estimator reads.)
+        """
+        return [self.net1, self.relu, self.net2], [2]
 
 
 def copy_to_one_device(model: ToyModel, device: torch.device | str) -> ToyModel:

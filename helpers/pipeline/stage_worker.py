@@ -3,31 +3,28 @@
 Every rank builds the same ResNet50 (same seed), keeps only its stage, and trains it with
 ``torch.distributed.pipelining`` (GPipe or 1F1B schedule). With ``--check`` one step of every
 schedule is compared, on rank 0, with the single-process reference: gradients accumulated over
-the same micro-batches, one SGD step. Rank 0 returns everything as JSON.
+the same micro-batches, one SGD step (the step and its proof: ``helpers.pipeline.runtime``).
+Rank 0 returns everything as JSON.
 """
 
 from __future__ import annotations
 
 import copy
 import sys
-from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-from helpers.core.checks import StepResult, compare_steps, snapshot
 from helpers.core.errors import NotUnderTorchrunError
 from helpers.core.timing import synchronized_clock
 from helpers.distributed.ranks import Rank, process_group, write_result
 from helpers.memory.saved import SavedTensorMeter
 from helpers.model_parallel.resnet import one_hot_labels, resnet50, resnet_layers, split_points_at
 from helpers.model_parallel.stages import split_layers
-from helpers.pipeline.schedule import accumulated_step
+from helpers.pipeline.runtime import RankPipeline, build_pipeline, prove_step, train_step
 from helpers.pipeline.stage_runs import WORKER, PipelineConfig
 
-SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 MODULE = WORKER
 
 
@@ -39,101 +36,63 @@ def same_batch(args: PipelineConfig) -> tuple[torch.Tensor, torch.Tensor]:
     return images, one_hot_labels(classes, args.num_classes)
 
 
-class StageTrainer:
-    """This rank's stage, its optimizer, and one training step per schedule."""
-
-    def __init__(
-        self, module: nn.Module, rank: Rank, images: torch.Tensor, labels: torch.Tensor, lr: float
-    ):
-        self.module, self.rank = module, rank
-        self.images, self.labels = images.to(rank.device), labels.to(rank.device)
-        self.optimizer = torch.optim.SGD(module.parameters(), lr=lr)
-
-    def step_fn(
-        self, schedule: str, microbatches: int
-    ) -> Callable[[], tuple[float, torch.Tensor | None]]:
-        """A function running one training step; returns (mean loss, output on the last rank)."""
-        rank = self.rank
-        stage = PipelineStage(self.module, rank.rank, rank.world_size, rank.device)
-        pipe = SCHEDULES[schedule](stage, microbatches, loss_fn=nn.MSELoss())
-        first, last = rank.rank == 0, rank.rank == rank.world_size - 1
-
-        def step() -> tuple[float, torch.Tensor | None]:
-            self.optimizer.zero_grad()
-            losses: list[torch.Tensor] = []
-            output = None
-            if first:
-                pipe.step(self.images)
-            elif last:
-                output = pipe.step(target=self.labels, losses=losses)
-            else:
-                pipe.step()
-            self.optimizer.step()
-            # the last stage holds the micro-batch losses; every rank learns their mean
-            mean = (
-                torch.stack(losses).mean().detach()
-                if losses
-                else torch.zeros((), device=rank.device)
-            )
-            dist.all_reduce(mean)  # NCCL needs the tensor on the rank's GPU
-            return mean.item(), output
-
-        return step
+def stage_pipeline(module: nn.Module, rank: Rank, schedule: str, m: int, lr: float) -> RankPipeline:
+    """This rank's stage (stage index = rank) as a new pipeline of ``schedule`` at M=``m``."""
+    return build_pipeline({rank.rank: module}, rank.world_size, schedule, m, rank.device, lr)
 
 
-def prove_step(
-    trainer: StageTrainer, reference: nn.Module | None, schedule: str, m: int, lr: float
+def check_run(
+    module: nn.Module,
+    rank: Rank,
+    reference: nn.Module | None,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    schedule: str,
+    m: int,
+    lr: float,
 ) -> dict | None:
-    """One pipelined step vs the one-process step accumulated over the same micro-batches.
+    """``runtime.prove_step`` of one run, then each rank's peak of activation bytes.
 
-    ``reference`` (rank 0 only) is the whole model with the stages' current weights; the
-    comparison comes back on rank 0, with each rank's peak of activation bytes kept for
-    backward during a second step (``helpers.memory.SavedTensorMeter``): a new
+    ``reference`` (rank 0 only) is the whole model with the stage's current weights; the
+    comparison comes back on rank 0. The peak of bytes kept for backward
+    (``helpers.memory.SavedTensorMeter``) is measured during a second step: a new
     ``PipelineStage``'s first step also runs one micro-batch to infer shapes.
     """
-    step = trainer.step_fn(schedule, m)
-    loss, output = step()
-    mine = (*snapshot(trainer.module), None if output is None else output.detach().cpu())
-    with SavedTensorMeter(trainer.module) as meter:
-        step()
-    mine = (*mine, meter.peak.get(str(trainer.rank.device), 0))
-    gathered: list | None = [None] * trainer.rank.world_size if trainer.rank.rank == 0 else None
-    dist.gather_object(mine, gathered, dst=0)
-    if gathered is None or reference is None:
+    pipe = stage_pipeline(module, rank, schedule, m, lr)
+    proof = prove_step(pipe, reference, images, labels, m, lr)
+    with SavedTensorMeter(module) as meter:
+        train_step(pipe, images, labels, mean_loss=True)
+    peaks: list | None = [None] * rank.world_size if rank.rank == 0 else None
+    dist.gather_object(meter.peak.get(str(rank.device), 0), peaks, dst=0)
+    if proof is None or peaks is None:
         return None
-    ref = accumulated_step(reference, trainer.images.cpu(), trainer.labels.cpu(), m, lr=lr)
-    piped = StepResult(
-        output=gathered[-1][2],
-        loss=loss,
-        grads=[g for part in gathered for g in part[0]],
-        weights=[w for part in gathered for w in part[1]],
-    )
-    c = compare_steps(ref, piped)
+    c = proof.comparison
     return {
         "schedule": schedule,
         "microbatches": m,
-        "loss_pipelined": loss,
-        "loss_reference": ref.loss,
+        "loss_pipelined": proof.loss_pipelined,
+        "loss_reference": proof.loss_reference,
         "output_diff": c.output,
         "loss_diff": c.loss,
         "grad_diff": c.grads,
         "weight_diff": c.weights,
         "worst_grad": c.worst_grad,
         "worst_weight": c.worst_weight,
-        "peak_activation_bytes": [part[3] for part in gathered],
+        "peak_activation_bytes": peaks,
     }
 
 
-def time_run(trainer: StageTrainer, schedule: str, m: int, steps: int, warmup: int) -> list[float]:
+def time_run(
+    pipe: RankPipeline, images: torch.Tensor, labels: torch.Tensor, steps: int, warmup: int
+) -> list[float]:
     """Seconds per training step, all stages finished (barrier before and after)."""
-    step = trainer.step_fn(schedule, m)
     for _ in range(warmup):
-        step()
+        train_step(pipe, images, labels, mean_loss=True)
     times = []
     for _ in range(steps):
         dist.barrier()
         start = synchronized_clock()
-        step()
+        train_step(pipe, images, labels, mean_loss=True)
         dist.barrier()
         times.append(synchronized_clock() - start)
     return times
@@ -153,8 +112,8 @@ def main(argv: list[str] | None = None) -> None:
                 f"--split gives {len(stages)} stages but torchrun started {rank.world_size} processes; "
                 "valid: one process per stage (--nproc-per-node = number of cut names + 1)"
             )
-        images, labels = same_batch(args)
-        trainer = StageTrainer(stages[rank.rank].to(rank.device), rank, images, labels, args.lr)
+        module = stages[rank.rank].to(rank.device)
+        images, labels = (t.to(rank.device) for t in same_batch(args))
         result: dict = {
             "stages": rank.world_size,
             "backend": rank.backend,
@@ -164,15 +123,18 @@ def main(argv: list[str] | None = None) -> None:
             "runs": [],
         }
         if args.check:  # every schedule that is timed is first proven, from the same weights
-            start = copy.deepcopy(trainer.module.state_dict())
+            start = copy.deepcopy(module.state_dict())
             result["checks"] = []
             for schedule, m in dict.fromkeys(args.runs):
-                trainer.module.load_state_dict(start)
+                module.load_state_dict(start)
                 ref = copy.deepcopy(reference) if reference is not None else None
-                result["checks"].append(prove_step(trainer, ref, schedule, m, lr=args.lr))
-            trainer.module.load_state_dict(start)
+                result["checks"].append(
+                    check_run(module, rank, ref, images, labels, schedule, m, lr=args.lr)
+                )
+            module.load_state_dict(start)
         for schedule, m in args.runs:
-            times = time_run(trainer, schedule, m, args.steps, args.warmup)
+            pipe = stage_pipeline(module, rank, schedule, m, args.lr)
+            times = time_run(pipe, images, labels, args.steps, args.warmup)
             result["runs"].append({"schedule": schedule, "microbatches": m, "times_s": times})
         write_result(rank, result)
 

@@ -12,12 +12,16 @@ Llama's rotary embedding has no weights, so it changes no placement.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from helpers.core.profiles import Profile
+
+if TYPE_CHECKING:
+    from helpers.memory.transformer import TransformerShape
 
 
 @dataclass(frozen=True)
@@ -115,14 +119,20 @@ class TinyLM(nn.Module):
             x = block(x)
         return self.head(self.norm(x))
 
+    def transformer_shape(self) -> TransformerShape:
+        """Its sizes, for the memory estimator (``helpers.memory``'s ``HasTransformerShape``)."""
+        from helpers.memory.transformer import TransformerShape  # not loaded with the model
+
+        return TransformerShape.of(self.config)
+
 
 def lm_config_for(profile: Profile) -> LMConfig:
     """The lesson's model for a profile: MLP width 4x hidden, 64 channels per head."""
-    hidden = profile.lm_hidden
+    hidden = profile.lm.hidden
     return LMConfig(
-        vocab=profile.lm_vocab,
+        vocab=profile.lm.vocab,
         hidden=hidden,
-        blocks=profile.lm_blocks,
+        blocks=profile.lm.blocks,
         ffn=4 * hidden,
         heads=max(1, hidden // 64),
     )

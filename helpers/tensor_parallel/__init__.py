@@ -1,0 +1,10 @@
+"""Megatron-style tensor parallelism of the source's FFN, lessons 06 and 07.
+
+Taught: ``ffn`` (the split: column-parallel fc1, row-parallel fc2), ``comm`` (f and g),
+``block`` (what any tensor-parallel block gives the shard files, the workers and the
+proofs: its split weights, a rank's shard, its DTensor plan, its sizes), ``shards`` (one
+file per rank and split weight, checked on load) and ``proofs`` (the tolerances).
+Running the lessons: ``config`` (the source's flags), ``native`` (its native mode), the
+torchrun entry points ``ffn_worker``, ``dtensor_worker`` and ``mesh_worker``, ``runs``
+(their launches) and ``results`` (the typed results the workers return).
+"""

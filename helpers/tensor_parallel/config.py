@@ -7,15 +7,15 @@ lesson's launches) reads its sizes, seed, device and backend from a ``DemoConfig
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, fields
+from dataclasses import asdict, astuple, dataclass, fields
 from pathlib import Path
 
 import torch
 
 from helpers.core.devices import BACKEND_CHOICES, resolve_dtype
 from helpers.core.paths import RESULTS_DIR
-from helpers.core.profiles import Profile
-from helpers.tensor_parallel.ffn import FeedForward, make_input, validate_split
+from helpers.core.profiles import FFNSizes, Profile
+from helpers.tensor_parallel.ffn import ACTIVATIONS, FeedForward, make_input, validate_split
 
 MODES = ("auto", "native", "tp")
 
@@ -41,16 +41,7 @@ class DemoConfig:
     @classmethod
     def from_profile(cls, profile: Profile, **overrides) -> DemoConfig:
         """The profile's FFN sizes (``hidden_size``, ``ffn_size``, ...), then ``overrides``."""
-        sizes = {
-            "hidden_size": profile.hidden_size,
-            "ffn_size": profile.ffn_size,
-            "seq_len": profile.seq_len,
-            "batch_size": profile.ffn_batch,
-            "world_size": profile.world_size,
-            "iters": profile.ffn_iters,
-            "warmup": profile.ffn_warmup,
-        }
-        return cls(**{**sizes, **overrides})
+        return cls(**{**asdict(profile.ffn), **overrides})
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> DemoConfig:
@@ -105,6 +96,44 @@ class DemoConfig:
             if value is not None and value != f.default:
                 out += [f"--{f.name}", str(value)]
         return out
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What ``ffn_worker`` does beyond the source's forward, each in the same launch."""
+
+    train_step: bool = False  # one SGD step through f and g, proven
+    activation: str = "none"  # between fc1 and fc2 in that step
+    lr: float = 0.1
+    dtensor: bool = False  # parallelize_module on the same ranks, proven against the hand split
+    wide: FFNSizes | None = None  # also time (and prove) the forward at these sizes
+
+    def args(self) -> list[str]:
+        out = ["--train_step"] if self.train_step else []
+        out += ["--activation", self.activation, "--lr", str(self.lr)]
+        out += ["--dtensor"] if self.dtensor else []
+        if self.wide is not None:
+            out += ["--wide", ",".join(str(v) for v in astuple(self.wide))]
+        return out
+
+    @classmethod
+    def add_arguments(cls, ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        """The options' flags, added to a worker's parser."""
+        d = cls()
+        ap.add_argument("--train_step", action="store_true", help="also prove one SGD step")
+        ap.add_argument("--activation", default=d.activation, help="in the step: none or gelu")
+        ap.add_argument("--lr", type=float, default=d.lr, help="SGD learning rate of the step")
+        ap.add_argument("--dtensor", action="store_true", help="also prove parallelize_module")
+        ap.add_argument("--wide", default=None, help="also time the forward at "
+                        "hidden,ffn,seq,batch,world,iters,warmup")  # fmt: skip
+        return ap
+
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace) -> RunOptions:
+        wide = None if ns.wide is None else FFNSizes(*(int(v) for v in ns.wide.split(",")))
+        if ns.activation not in ACTIVATIONS:
+            raise ValueError(f"--activation {ns.activation!r}; valid: {', '.join(ACTIVATIONS)}")
+        return cls(ns.train_step, ns.activation, ns.lr, ns.dtensor, wide)
 
 
 def build_model(config: DemoConfig, activation: str = "none") -> FeedForward:

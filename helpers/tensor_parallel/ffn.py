@@ -13,7 +13,10 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from helpers.tensor_parallel.block import Split, chunks, cut, load_chunks
+
 SEED = 1  # the source seeds the model with torch.manual_seed(1)
+SPLITS = (Split("fc1.weight", 0), Split("fc2.weight", 1))  # column-, then row-parallel
 ACTIVATIONS = ("none", "gelu")
 
 
@@ -51,17 +54,39 @@ class FeedForward(nn.Module):
     """The source's FFN: ``fc2(fc1(x))``, no biases; ``activation='gelu'`` puts a GeLU between.
 
     Built in the source's order (fc1, then fc2): after ``torch.manual_seed(1)`` the
-    weights are the source's, bit for bit.
+    weights are the source's, bit for bit. It is a ``helpers.tensor_parallel.block``
+    ``ParallelBlock``: fc1 cut along dim 0, fc2 along dim 1.
     """
 
     def __init__(self, hidden_size: int, ffn_size: int, activation: str = "none") -> None:
         super().__init__()
+        self.activation = activation
         self.fc1 = nn.Linear(hidden_size, ffn_size, bias=False)
         self.act = _activation(activation)
         self.fc2 = nn.Linear(ffn_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.act(self.fc1(x)))
+
+    def layer_chain(self) -> tuple[list[nn.Module], list[int]]:
+        """fc1, the activation, fc2, in one part (``helpers.memory``'s ``LayerChain``)."""
+        return [self.fc1, self.act, self.fc2], []
+
+    def splits(self) -> tuple[Split, ...]:
+        """fc1 column-parallel (its rows), fc2 row-parallel (its columns)."""
+        return SPLITS
+
+    def shard(self, world_size: int, rank: int) -> FeedForwardShard:
+        """Rank ``rank``'s empty shard, the same activation."""
+        hidden, ffn = self.sizes().values()
+        return FeedForwardShard(hidden, ffn, world_size, rank, self.activation)
+
+    def plan(self) -> dict:
+        return dtensor_plan()
+
+    def sizes(self) -> dict[str, int]:
+        ffn_size, hidden_size = self.fc1.weight.shape
+        return {"hidden_size": int(hidden_size), "ffn_size": int(ffn_size)}
 
 
 class FeedForwardShard(nn.Module):
@@ -84,40 +109,33 @@ class FeedForwardShard(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.act(self.fc1(x)))
 
+    def layer_chain(self) -> tuple[list[nn.Module], list[int]]:
+        """The rank's fc1, activation, fc2, in one part (``helpers.memory``'s ``LayerChain``)."""
+        return [self.fc1, self.act, self.fc2], []
+
     def rows(self) -> slice:
         """The slice of the ffn dimension this rank owns."""
         return shard_rows(self.ffn_size, self.world_size, self.rank)
 
     def load_weights(self, fc1: torch.Tensor, fc2: torch.Tensor) -> FeedForwardShard:
         """Copy the two weight chunks in, checking their shapes; returns the shard."""
-        for layer, weight in ((self.fc1, fc1), (self.fc2, fc2)):
-            if tuple(weight.shape) != tuple(layer.weight.shape):
-                raise ValueError(
-                    f"weight of shape {tuple(weight.shape)} given for a layer of shape "
-                    f"{tuple(layer.weight.shape)}"
-                )
-        with torch.no_grad():
-            self.fc1.weight.copy_(fc1)
-            self.fc2.weight.copy_(fc2)
-        return self
+        return load_chunks(self, {"fc1.weight": fc1, "fc2.weight": fc2})
 
 
 def split_weights(model: FeedForward, world_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per rank: (fc1 rows, fc2 columns), exactly ``torch.split`` as the source does it."""
-    per_rank = validate_split(model.fc1.weight.shape[0], world_size)
-    fc1 = torch.split(model.fc1.weight.detach(), per_rank, dim=0)
-    fc2 = torch.split(model.fc2.weight.detach(), per_rank, dim=1)
-    return list(zip(fc1, fc2, strict=True))
+    validate_split(model.fc1.weight.shape[0], world_size)
+    return [(c["fc1.weight"], c["fc2.weight"]) for c in chunks(model, world_size)]
 
 
 def cut_shard(
     model: FeedForward, world_size: int, rank: int, activation: str = "none"
 ) -> FeedForwardShard:
     """Rank ``rank``'s shard cut from a full model (weights copied, same device and dtype)."""
-    ffn_size, hidden_size = model.fc1.weight.shape
-    shard = FeedForwardShard(hidden_size, ffn_size, world_size, rank, activation)
-    shard.load_weights(*split_weights(model, world_size)[rank])
-    return shard.to(model.fc1.weight.device, model.fc1.weight.dtype)
+    validate_split(model.fc1.weight.shape[0], world_size)
+    shard = cut(model, world_size, rank)
+    shard.act = _activation(activation)
+    return shard
 
 
 def make_shards(
@@ -138,25 +156,6 @@ def tp_simulate(shards: Sequence[nn.Module], x: torch.Tensor) -> torch.Tensor:
     for shard in shards[1:]:
         total = total + shard(x)
     return total
-
-
-def shard_vs_full(
-    shard: tuple[torch.Tensor, torch.Tensor],
-    full: tuple[torch.Tensor, torch.Tensor],
-    rows: slice,
-) -> float:
-    """Largest |difference| between a rank's (fc1, fc2) tensors and the full model's slices.
-
-    Works for weights and for gradients: fc1's rows ``rows``, fc2's columns ``rows``.
-    """
-    fc1, fc2 = (t.detach().double().cpu() for t in shard)
-    full1, full2 = (t.detach().double().cpu() for t in full)
-    if fc1.shape != full1[rows].shape or fc2.shape != full2[:, rows].shape:
-        raise ValueError(
-            f"shard shapes {tuple(fc1.shape)}, {tuple(fc2.shape)} do not match the full "
-            f"model's slices {tuple(full1[rows].shape)}, {tuple(full2[:, rows].shape)}"
-        )
-    return max((fc1 - full1[rows]).abs().max().item(), (fc2 - full2[:, rows]).abs().max().item())
 
 
 def make_input(

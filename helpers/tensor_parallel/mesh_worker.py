@@ -6,7 +6,8 @@ The ranks form a (dp x tp) grid, the layout used across nodes (tp within a node,
 across). Along ``tp`` the FFN is split with ``parallelize_module``; along ``dp`` each
 group takes its own slice of the batch and the gradients are averaged with an
 all-reduce over the ``dp`` group. Every rank checks one training step against the full
-model trained on the full batch: its output rows and its updated weight shards.
+model trained on the full batch: its output rows and its updated weight shards, each
+within ``output_tolerance`` (a few units in the last place per rank).
 """
 
 from __future__ import annotations
@@ -14,18 +15,67 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import parallelize_module
 
+from helpers.core.checks import Proof
 from helpers.core.devices import resolve_dtype
 from helpers.distributed.ranks import max_over_ranks, process_group, worker_main, write_result
+from helpers.tensor_parallel.block import shard_vs_full
 from helpers.tensor_parallel.config import DemoConfig, build_model, parser
-from helpers.tensor_parallel.ffn import dtensor_plan, shard_rows, shard_vs_full
+from helpers.tensor_parallel.proofs import output_tolerance
 
 MODULE = "helpers.tensor_parallel.mesh_worker"
+
+
+@dataclass(frozen=True)
+class MeshRun:
+    """Rank 0's result: one step on a (dp x tp) mesh against one device."""
+
+    world_size: int
+    dp: int
+    tp: int
+    backend: str
+    mesh: tuple[tuple[int, ...], ...]
+    proofs: tuple[Proof, ...]  # outputs (each group's rows), updated weight shards
+    node_commands: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return all(p.ok for p in self.proofs)
+
+    def as_dict(self) -> dict:
+        return {
+            "world_size": self.world_size,
+            "dp": self.dp,
+            "tp": self.tp,
+            "backend": self.backend,
+            "mesh": [list(r) for r in self.mesh],
+            "proofs": [p.as_dict() for p in self.proofs],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> MeshRun:
+        return cls(
+            d["world_size"],
+            d["dp"],
+            d["tp"],
+            d["backend"],
+            tuple(tuple(r) for r in d["mesh"]),
+            tuple(Proof.from_dict(p) for p in d["proofs"]),
+            tuple(d.get("node_commands", ())),
+        )
+
+    def report(self) -> str:
+        head = (
+            f"{self.world_size} ranks as a (dp={self.dp}) x (tp={self.tp}) mesh "
+            f"{[list(r) for r in self.mesh]}, {self.backend}"
+        )
+        return "\n".join([head] + ["  " + p.line(22) for p in self.proofs])
 
 
 def sgd_step(model: torch.nn.Module, x: torch.Tensor, lr: float, dp_group=None, dp: int = 1):
@@ -42,7 +92,7 @@ def sgd_step(model: torch.nn.Module, x: torch.Tensor, lr: float, dp_group=None, 
     return out.detach()
 
 
-def run(config: DemoConfig, dp: int, lr: float) -> dict:
+def run(config: DemoConfig, dp: int, lr: float) -> MeshRun:
     """One step of the 2-D model vs one step of the full model; rank 0's result."""
     config.validate()
     dtype = resolve_dtype(config.dtype)
@@ -56,28 +106,24 @@ def run(config: DemoConfig, dp: int, lr: float) -> dict:
         mesh = init_device_mesh(rank.device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
         dp_rank, tp_rank = mesh.get_local_rank("dp"), mesh.get_local_rank("tp")
         reference = build_model(config).to(rank.device, dtype)
-        model = parallelize_module(copy.deepcopy(reference), mesh["tp"], dtensor_plan())
+        model = parallelize_module(copy.deepcopy(reference), mesh["tp"], reference.plan())
         x = config.input_batch(dtype, rank.device)
         per = x.shape[0] // dp
         batch_rows = slice(dp_rank * per, (dp_rank + 1) * per)
         out = sgd_step(model, x[batch_rows], lr, mesh.get_group("dp"), dp)
         ref_out = sgd_step(reference, x, lr)  # the full model on the full batch
-        weight_diff = shard_vs_full(
-            (model.fc1.weight.to_local(), model.fc2.weight.to_local()),
-            (reference.fc1.weight, reference.fc2.weight),
-            shard_rows(config.ffn_size, tp, tp_rank),
-        )
+        weight_diff = shard_vs_full(model, reference, tp, tp_rank)
         output_diff = (out - ref_out[batch_rows]).abs().max().item()
-        result = {
-            "world_size": rank.world_size,
-            "dp": dp,
-            "tp": tp,
-            "backend": rank.backend,
-            "mesh": str(mesh.mesh.tolist()),
-            "output_diff": max_over_ranks(output_diff, rank),
-            "weight_diff": max_over_ranks(weight_diff, rank),
-        }
-        write_result(rank, result)
+        weights = torch.cat([reference.fc1.weight.flatten(), reference.fc2.weight.flatten()])
+        world = rank.world_size
+        result = MeshRun(
+            world, dp, tp, rank.backend, tuple(tuple(r) for r in mesh.mesh.tolist()),
+            (Proof("outputs", max_over_ranks(output_diff, rank),
+                   output_tolerance(ref_out, dtype, world)),
+             Proof("updated weight shards", max_over_ranks(weight_diff, rank),
+                   output_tolerance(weights.detach(), dtype, world))),
+        )  # fmt: skip
+        write_result(rank, result.as_dict())
         dist.barrier()
         return result
 

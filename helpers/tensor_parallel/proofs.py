@@ -12,6 +12,10 @@ import torch
 from helpers.core.checks import max_abs_diff
 from helpers.core.devices import resolve_dtype
 
+# Lesson 06's simulated training step: float32 sums in another order, each difference
+# relative to the largest value of its kind (gradients, weights, input gradient, loss).
+STEP_TOLERANCE = 1e-6
+
 
 def eps(dtype: torch.dtype | str) -> float:
     """Machine epsilon: the gap between 1 and the next number of ``dtype``."""
@@ -52,7 +56,6 @@ def checksum_tolerance(abs_sum: float, dtype: torch.dtype | str) -> float:
     return eps(dtype) * abs_sum
 
 
-def checksums_match(reference: dict, candidate: dict) -> bool:
-    """Whether two ``tp_demo`` results' sums agree within the dtype's checksum tolerance."""
-    tol = checksum_tolerance(reference["abs_sum"], reference["dtype"])
-    return abs(reference["checksum"] - candidate["checksum"]) <= tol
+def checksums_match(reference: float, candidate: float, abs_sum: float, dtype) -> bool:
+    """Whether two outputs' sums agree within ``eps * sum|y|`` of the reference's |y|."""
+    return abs(reference - candidate) <= checksum_tolerance(abs_sum, dtype)

@@ -7,7 +7,7 @@ one thread each on a CPU), the native baseline included, so all are measured ali
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -16,12 +16,14 @@ from helpers.core.profiles import get_profile
 from helpers.core.timing import Timing, measure
 from helpers.distributed.launcher import launch
 from helpers.distributed.multinode import launch_nodes
-from helpers.tensor_parallel.config import DemoConfig, build_model
+from helpers.tensor_parallel.config import DemoConfig, RunOptions, build_model
 from helpers.tensor_parallel.ffn import tp_simulate
-from helpers.tensor_parallel.proofs import checksums_match
+from helpers.tensor_parallel.mesh_worker import MeshRun
+from helpers.tensor_parallel.results import NativeRun, TPRun
 from helpers.tensor_parallel.shards import load_shard, write_shards
 
 WORLD_SIZES = (1, 2, 4)
+NODE_WORKERS = {"ffn_worker": TPRun, "mesh_worker": MeshRun}
 
 
 def sweep_config(
@@ -44,41 +46,37 @@ def write_all_shards(config: DemoConfig, world_sizes: Sequence[int]) -> dict[int
     return {p: str(write_shards(model, p, config.folder(p))) for p in world_sizes}
 
 
-def launch_native(config: DemoConfig, *, timeout: float = 600) -> dict:
+def launch_native(config: DemoConfig, *, timeout: float = 600) -> NativeRun:
     """The unsplit FFN in one launched process (also checks the one-process simulation)."""
-    return launch(
-        "helpers.tp_demo", replace(config, mode="native").args(), nproc=1, timeout=timeout
-    )
+    args = replace(config, mode="native").args()
+    return NativeRun.from_dict(launch("helpers.tp_demo", args, nproc=1, timeout=timeout))
 
 
 def launch_tp(
     config: DemoConfig,
     world_size: int,
+    options: RunOptions | None = None,
     *,
-    train_step: bool = False,
-    activation: str = "none",
     timeout: float = 600,
     port: int | None = None,
-) -> dict:
-    """``world_size`` ranks, each ``g(shard(f(x)))`` on its shard; rank 0's result."""
-    args = replace(config, world_size=world_size, mode="tp").args()
-    if train_step:
-        args += ["--train_step", "--activation", activation]
-    return launch(
-        "helpers.tensor_parallel.ffn_worker", args, nproc=world_size, timeout=timeout, port=port
+) -> TPRun:
+    """``world_size`` ranks, each ``g(shard(f(x)))`` on its shard; rank 0's result.
+
+    One launch proves the output, times it and measures rank 0's memory; ``options`` add
+    the training step, ``parallelize_module`` and a wider size to the same launch.
+    """
+    args = (
+        replace(config, world_size=world_size, mode="tp").args() + (options or RunOptions()).args()
     )
+    worker = "helpers.tensor_parallel.ffn_worker"
+    return TPRun.from_dict(launch(worker, args, nproc=world_size, timeout=timeout, port=port))
 
 
-def launch_dtensor(config: DemoConfig, world_size: int, *, timeout: float = 600) -> dict:
-    """The same FFN through ``parallelize_module`` (Colwise fc1, Rowwise fc2)."""
-    args = replace(config, world_size=world_size, mode="tp").args()
-    return launch("helpers.tensor_parallel.dtensor_worker", args, nproc=world_size, timeout=timeout)
-
-
-def launch_mesh(config: DemoConfig, world_size: int, dp: int, *, timeout: float = 600) -> dict:
+def launch_mesh(config: DemoConfig, world_size: int, dp: int, *, timeout: float = 600) -> MeshRun:
     """One training step on a (dp x tp) mesh, checked against the full model and batch."""
     args = replace(config, world_size=world_size, mode="tp").args() + ["--dp", str(dp)]
-    return launch("helpers.tensor_parallel.mesh_worker", args, nproc=world_size, timeout=timeout)
+    worker = "helpers.tensor_parallel.mesh_worker"
+    return MeshRun.from_dict(launch(worker, args, nproc=world_size, timeout=timeout))
 
 
 def launch_on_nodes(
@@ -92,19 +90,23 @@ def launch_on_nodes(
     node_ranks: Sequence[int] | None = None,
     join_timeout: int = 30,
     timeout: float = 600,
-) -> dict:
+) -> TPRun | MeshRun:
     """A worker (``ffn_worker``, ``mesh_worker``) launched as ``nnodes`` torchrun agents here."""
+    if worker not in NODE_WORKERS:
+        raise ValueError(f"worker {worker!r}; valid choices: {', '.join(NODE_WORKERS)}")
     world = nnodes * nproc_per_node
     args = [*replace(config, world_size=world, mode="tp").args(), *extra]
-    return launch_nodes(
-        f"helpers.tensor_parallel.{worker}",
-        args,
-        nnodes=nnodes,
-        nproc_per_node=nproc_per_node,
-        rendezvous=rendezvous,
-        node_ranks=node_ranks,
-        join_timeout=join_timeout,
-        timeout=timeout,
+    return NODE_WORKERS[worker].from_dict(
+        launch_nodes(
+            f"helpers.tensor_parallel.{worker}",
+            args,
+            nnodes=nnodes,
+            nproc_per_node=nproc_per_node,
+            rendezvous=rendezvous,
+            node_ranks=node_ranks,
+            join_timeout=join_timeout,
+            timeout=timeout,
+        )
     )
 
 
@@ -130,43 +132,84 @@ def time_simulate(config: DemoConfig, world_size: int) -> Timing:
         torch.set_num_threads(threads)
 
 
-def summarise(native: dict, runs: dict[int, dict], simulated: dict[int, Timing]) -> list[dict]:
-    """One row per world size: times, all-reduce share, output agreement, backend."""
-    rows = []
-    for p, r in runs.items():
-        compute = Timing("compute", r["compute_times_s"])
-        allreduce = Timing("all-reduce", r["allreduce_times_s"])
-        rows.append(
-            {
-                "world_size": p,
-                "backend": r["backend"],
-                "native_s": native["mean_s"],
-                "native_std_s": native["std_s"],
-                "tp_simulate_s": simulated[p].mean,
-                "tp_simulate_std_s": simulated[p].std,
-                "tp_s": r["mean_s"],
-                "tp_std_s": r["std_s"],
-                "compute_s": compute.mean,
-                "allreduce_s": allreduce.mean,
-                "allreduce_bytes_per_rank": r["allreduce_bytes_per_rank"],
-                "output_max_diff": r["output_max_diff"],
-                "output_tolerance": r["output_tolerance"],
-                "output_agrees": r["output_agrees"],
-                "checksum_agrees": checksums_match(native, r),
-            }
-        )
-    return rows
+@dataclass(frozen=True)
+class Sweep:
+    """One run's numbers: native, tensor parallel per world size, ``tp_simulate`` timings."""
+
+    native: NativeRun
+    runs: dict[int, TPRun]
+    simulated: dict[int, Timing]
+
+    @property
+    def ok(self) -> bool:
+        return self.native.simulate.ok and all(r.agrees(self.native) for r in self.runs.values())
+
+    def series(self) -> dict[str, tuple[list[float], list[float]]]:
+        """Milliseconds (means, stds) per world size: native, tp_simulate, tensor parallel."""
+        ms = lambda ts: ([t.mean * 1e3 for t in ts], [t.std * 1e3 for t in ts])  # noqa: E731
+        ps = list(self.runs)
+        return {
+            "native (1 process)": ms([self.native.timing] * len(ps)),
+            "tp_simulate (1 process)": ms([self.simulated[p] for p in ps]),
+            "tensor parallel (p processes)": ms([self.runs[p].step for p in ps]),
+        }
+
+    def numbers(self) -> list[dict]:
+        """One row of plain numbers per world size (``make bench`` writes them)."""
+        native = self.native.timing
+        return [{"world_size": p, "backend": r.backend, "native_s": native.mean,
+                 "native_std_s": native.std, "tp_simulate_s": self.simulated[p].mean,
+                 "tp_simulate_std_s": self.simulated[p].std, "tp_s": r.step.mean,
+                 "tp_std_s": r.step.std, "compute_s": r.compute.mean,
+                 "allreduce_s": r.allreduce.mean,
+                 "allreduce_bytes_per_rank": r.allreduce_bytes_per_rank,
+                 "output_max_diff": r.output.max_diff, "output_tolerance": r.output.tolerance,
+                 "agrees": r.agrees(self.native)} for p, r in self.runs.items()]  # fmt: skip
+
+    def table(self, cores: int, device: str) -> str:
+        """Times per world size, rank 0's compute and all-reduce apart."""
+        lines = [
+            f"{'p':>2} {'native':>16} {'tp_simulate':>16} {'tensor parallel':>17} "
+            f"{'compute':>9} {'all-reduce':>11}"
+        ]
+        cell = lambda t, w: f"{t.mean * 1e3:>{w}.2f} ± {t.std * 1e3:4.2f} ms"  # noqa: E731
+        for p, r in self.runs.items():
+            over = (
+                "  (oversubscribed: more ranks than cores)" if device == "cpu" and p > cores else ""
+            )
+            lines.append(
+                f"{p:>2} {cell(self.native.timing, 9)} {cell(self.simulated[p], 8)} "
+                f"{cell(r.step, 9)} {r.compute.mean * 1e3:>6.2f} ms "
+                f"{r.allreduce.mean * 1e3:>8.2f} ms{over}"
+            )
+        return "\n".join(lines)
+
+    def wide_table(self, cores: int, device: str) -> str:
+        """The wider FFN's forward per world size, and its speed-up over p = 1 (ideal: p)."""
+        one = self.runs[min(self.runs)].wide.step
+        lines = [f"{'p':>2} {'forward':>17} {'compute':>9} {'all-reduce':>11} {'speed-up':>9} "
+                 f"{'ideal':>6}"]  # fmt: skip
+        for p, r in self.runs.items():
+            w, gain = r.wide, one.mean / r.wide.step.mean
+            notes = (
+                ["oversubscribed: more ranks than cores"] if device == "cpu" and p > cores else []
+            )
+            if gain > p:
+                notes.append("above p: each rank's products are 1/p as large (caches may serve "
+                             "them better); not measured here")  # fmt: skip
+            lines.append(
+                f"{p:>2} {w.step.mean * 1e3:>9.2f} ± {w.step.std * 1e3:4.2f} ms "
+                f"{w.compute.mean * 1e3:>6.2f} ms {w.allreduce.mean * 1e3:>8.2f} ms "
+                f"{gain:>8.2f}x {p:>5}x" + (f"  ({'; '.join(notes)})" if notes else "")
+            )
+        return "\n".join(lines)
 
 
-def tp_sweep(config: DemoConfig, world_sizes: Sequence[int] = WORLD_SIZES) -> dict:
+def tp_sweep(
+    config: DemoConfig, world_sizes: Sequence[int] = WORLD_SIZES, options: RunOptions | None = None
+) -> Sweep:
     """Shards, native, tp for each world size, and tp_simulate timings: one run's numbers."""
     write_all_shards(config, world_sizes)
     native = launch_native(replace(config, world_size=max(world_sizes)))
-    runs = {p: launch_tp(config, p) for p in world_sizes}
-    simulated = {p: time_simulate(config, p) for p in world_sizes}
-    return {
-        "native": native,
-        "runs": runs,
-        "simulated": simulated,
-        "rows": summarise(native, runs, simulated),
-    }
+    runs = {p: launch_tp(config, p, options) for p in world_sizes}
+    return Sweep(native, runs, {p: time_simulate(config, p) for p in world_sizes})

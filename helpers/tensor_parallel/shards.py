@@ -1,19 +1,23 @@
-"""The tensor-parallel FFN's weights as one file per rank and layer, checked on load.
+"""A tensor-parallel block's weights as one file per rank and split weight, checked on load.
 
 The format is the source's: ``fc1_{rank}.bin`` holds rank ``rank``'s chunk of
 ``fc1.weight`` split along dim 0, ``fc2_{rank}.bin`` its chunk of ``fc2.weight`` split
 along dim 1; raw float32, little-endian, C order, no header. A raw file cannot tell its
 own shape, so the folder's ``manifest.json`` records the sizes and each file's shape,
 length and SHA-256; loading checks all of it before any data is reshaped. The folder is
-written and replaced whole (``helpers.core.files.write_verified_folder``).
+written and replaced whole (``helpers.core.files.write_verified_folder``). The files are
+named and cut by the block's ``splits()`` (``helpers.tensor_parallel.block``), so another
+block's shards are written by the same code.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
 
 from helpers.core.errors import ShardError
 from helpers.core.files import (
@@ -24,15 +28,11 @@ from helpers.core.files import (
     write_verified_folder,
 )
 from helpers.core.paths import display_path
-from helpers.tensor_parallel.ffn import FeedForward, FeedForwardShard, split_weights, validate_split
+from helpers.tensor_parallel.block import ParallelBlock, chunks, load_chunks
+from helpers.tensor_parallel.ffn import SPLITS, FeedForwardShard
 
 FORMAT = "tp-ffn-shards/1"
 FILE_DTYPE = np.dtype("<f4")  # float32, little-endian: the bytes numpy's tofile writes on x86/ARM
-
-
-def shard_file_names(rank: int) -> tuple[str, str]:
-    """The source's names for rank ``rank``'s two files."""
-    return f"fc1_{rank}.bin", f"fc2_{rank}.bin"
 
 
 def chunk_file_bytes(t: torch.Tensor) -> bytes:
@@ -41,18 +41,21 @@ def chunk_file_bytes(t: torch.Tensor) -> bytes:
     return np.ascontiguousarray(array, dtype=FILE_DTYPE).tobytes(order="C")
 
 
-def write_shards(model: FeedForward, world_size: int, folder: str | Path) -> Path:
-    """Write ``model``'s shards for ``world_size`` ranks into ``folder``; returns the manifest path."""
-    ffn_size, hidden_size = model.fc1.weight.shape
-    validate_split(ffn_size, world_size)
+def write_shards(model: ParallelBlock, world_size: int, folder: str | Path) -> Path:
+    """Write ``model``'s shards for ``world_size`` ranks into ``folder``; returns the manifest path.
+
+    One file per rank and split weight (the block's ``splits()``: for the FFN the source's
+    ``fc1_{rank}.bin`` and ``fc2_{rank}.bin``); the manifest records the block's ``sizes()``.
+    """
     payloads, file_meta = {}, {}
-    for rank, (fc1, fc2) in enumerate(split_weights(model, world_size)):
-        for name, tensor, dim in zip(shard_file_names(rank), (fc1, fc2), (0, 1), strict=True):
+    for rank, parts in enumerate(chunks(model, world_size)):
+        for s in model.splits():
+            name, tensor = s.file(rank), parts[s.tensor]
             payloads[name] = chunk_file_bytes(tensor)  # prepared before touching the disk
             file_meta[name] = {
-                "tensor": f"{name[:3]}.weight",
+                "tensor": s.tensor,
                 "rank": rank,
-                "split_dim": dim,
+                "split_dim": s.dim,
                 "shape": list(tensor.shape),
             }
 
@@ -63,8 +66,7 @@ def write_shards(model: FeedForward, world_size: int, folder: str | Path) -> Pat
     meta = {
         "format": FORMAT,
         "world_size": world_size,
-        "hidden_size": int(hidden_size),
-        "ffn_size": int(ffn_size),
+        **model.sizes(),
         "dtype": "float32",
         "byte_order": "little",
         "order": "C",
@@ -91,19 +93,24 @@ def read_shard_manifest(folder: str | Path) -> dict:
     return manifest
 
 
-def _read_chunk(folder: Path, name: str, manifest: dict, shape: tuple[int, int]) -> torch.Tensor:
-    """One file, its recorded shape checked against the sizes, then its bytes verified."""
-    entry = manifest["files"].get(name, {})
-    expected = shape[0] * shape[1] * FILE_DTYPE.itemsize
-    if list(entry.get("shape", [])) != list(shape) or entry.get("bytes") != expected:
-        raise ShardError(
-            f"{display_path(folder / MANIFEST)} describes {name} as {entry.get('shape')} "
-            f"({entry.get('bytes')} bytes) but the sizes it records need {expected} bytes = "
-            f"float32 {shape[0]}x{shape[1]}; rewrite the shards"
-        )
-    data = read_verified(folder, name, manifest, ShardError)
-    array = np.frombuffer(data, dtype=FILE_DTYPE).reshape(shape)  # length checked above
-    return torch.from_numpy(array.astype(np.float32))
+def read_chunks(folder: Path, manifest: dict, shard: nn.Module, splits, rank: int) -> nn.Module:
+    """Each split weight's file, its recorded shape checked against the shard's parameter,
+    then its bytes verified, then copied in; the shard."""
+    parts = {}
+    for s in splits:
+        name, shape = s.file(rank), tuple(shard.get_parameter(s.tensor).shape)
+        entry = manifest["files"].get(name, {})
+        expected = math.prod(shape) * FILE_DTYPE.itemsize
+        if list(entry.get("shape", [])) != list(shape) or entry.get("bytes") != expected:
+            raise ShardError(
+                f"{display_path(folder / MANIFEST)} describes {name} as {entry.get('shape')} "
+                f"({entry.get('bytes')} bytes) but the sizes it records need {expected} bytes = "
+                f"float32 {'x'.join(map(str, shape))}; rewrite the shards"
+            )
+        data = read_verified(folder, name, manifest, ShardError)
+        array = np.frombuffer(data, dtype=FILE_DTYPE).reshape(shape)  # length checked above
+        parts[s.tensor] = torch.from_numpy(array.astype(np.float32))
+    return load_chunks(shard, parts)
 
 
 def load_shard(
@@ -132,11 +139,7 @@ def load_shard(
             )
     hidden, ffn = manifest["hidden_size"], manifest["ffn_size"]
     shard = FeedForwardShard(hidden, ffn, world_size, rank, activation)
-    per_rank = validate_split(ffn, world_size)
-    fc1_name, fc2_name = shard_file_names(rank)
-    fc1 = _read_chunk(folder, fc1_name, manifest, (per_rank, hidden))
-    fc2 = _read_chunk(folder, fc2_name, manifest, (hidden, per_rank))
-    return shard.load_weights(fc1, fc2)
+    return read_chunks(folder, manifest, shard, SPLITS, rank)
 
 
 def describe_shards(folder: str | Path) -> str:
