@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 SITE_STAMP := $(VENV)/.site-installed
 
-.PHONY: run test lab refresh bench lint clean gpu-check mutants site site-check
+.PHONY: run test test-fast test-gpu-smoke lab refresh bench lint clean gpu-check mutants site site-check
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,9 +26,22 @@ $(SITE_STAMP): requirements-site.txt requirements.txt
 run: $(STAMP)
 	$(PY) -m course_tools.run_notebooks
 
-## test: unit tests, then nbval over notebooks/ (small profile, CPU, as stored)
+## test: unit tests, then nbval over notebooks/ (small profile, CPU, as stored); prints the
+## 15 slowest
 test: $(STAMP)
-	TUTORIAL_PROFILE=small CUDA_VISIBLE_DEVICES= $(PY) -m pytest
+	TUTORIAL_PROFILE=small CUDA_VISIBLE_DEVICES= $(PY) -m pytest -m "not gpu_smoke" --durations=15
+
+## test-fast: the contributors' tier, under a minute: unit tests without notebooks, without
+## torchrun launches and without the slow ones
+test-fast: $(STAMP)
+	TUTORIAL_PROFILE=small CUDA_VISIBLE_DEVICES= $(PY) -m pytest -o addopts= -p no:cacheprovider \
+		-m "not torchrun and not slow and not gpu_smoke" tests
+
+## test-gpu-smoke: make gpu-check --smoke under pytest, every step's code path on the CPU
+## (CI runs it after make test)
+test-gpu-smoke: $(STAMP)
+	TUTORIAL_PROFILE=small CUDA_VISIBLE_DEVICES= $(PY) -m pytest -o addopts= -p no:cacheprovider \
+		-m gpu_smoke tests/test_gpu_check.py
 
 ## lab: open the series in JupyterLab (as root too, as in a class's container), without the
 ## first-start news prompt (docs/lab/overrides.json)

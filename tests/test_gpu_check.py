@@ -136,6 +136,7 @@ def gpu_check_imports() -> list[str]:
     return sorted(names)
 
 
+@pytest.mark.slow  # a subprocess that starts Python with torch (or a notebook)
 def test_importing_the_runner_imports_no_notebook_machinery():
     modules = gpu_check_imports()
     assert "helpers.tensor_parallel.runs" in modules and "course_tools.gpu_check.runner" in modules
@@ -150,7 +151,11 @@ def test_importing_the_runner_imports_no_notebook_machinery():
 
 @pytest.mark.torchrun
 @pytest.mark.slow
+@pytest.mark.gpu_smoke
 def test_smoke_run_passes_every_step(tmp_path):
+    """The GPU check's code paths rehearsed on the CPU at the smoke profile's sizes. Its own
+    CI step (`make test-gpu-smoke`), not part of `make test`: it proves nothing the lessons
+    do not, and a contributor's `make test` need not pay for it."""
     result = gpu_check("--smoke", "--out", str(tmp_path), "--budget", "3000", timeout=900)
     report = tmp_path / "gpu_check_smoke.json"
     assert report.exists(), (result.stdout[-3000:], result.stderr[-3000:])

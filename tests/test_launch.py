@@ -124,6 +124,7 @@ def test_a_port_taken_after_it_was_picked_is_picked_again(probe, monkeypatch):
         assert probe("ok", nproc=1, timeout=120)["sum"] == 1.0
 
 
+@pytest.mark.slow  # a subprocess per worker, each importing torch
 @pytest.mark.parametrize(
     "module",
     [

@@ -8,6 +8,8 @@ import sys
 from configparser import ConfigParser
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 LESSON = ROOT / "notebooks" / "01_toy_model_parallel.ipynb"
 SANITIZE = ROOT / "tests" / "nbval_sanitize.cfg"
@@ -33,6 +35,7 @@ def _run_nbval(path: Path) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, cwd=path.parent, timeout=600)
 
 
+@pytest.mark.slow  # a subprocess that starts Python with torch (or a notebook)
 def test_tampered_output_fails(tmp_path):
     nb = json.loads(LESSON.read_text())
     for cell in nb["cells"]:

@@ -1,3 +1,4 @@
+
 """The stored outputs compare equal on any learner's machine: other cores, builds, env."""
 
 import os
@@ -6,6 +7,8 @@ import subprocess
 import sys
 from configparser import ConfigParser
 from pathlib import Path
+
+import pytest
 
 from helpers.core.devices import MachineInfo
 
@@ -29,6 +32,7 @@ def test_machine_lines_of_different_machines_compare_equal():
     assert _sanitize(f"{laptop}\nproof: OK") == "MACHINE\nproof: OK"
 
 
+@pytest.mark.slow  # a subprocess that starts Python with torch (or a notebook)
 def test_a_lesson_passes_nbval_on_one_core_with_a_foreign_environment():
     """One CPU core, TUTORIAL_PROFILE=full and a visible-GPU setting: the same verdicts,
     because conftest.py forces the stored outputs' profile and the CPU."""

@@ -160,6 +160,7 @@ def test_the_config_round_trips_through_the_workers_command_line():
     assert SchedulesConfig.from_args(config.args(), ranks=2) == config
 
 
+@pytest.mark.slow  # a subprocess that starts Python with torch (or a notebook)
 def test_the_worker_started_without_torchrun_says_how_to_launch_it():
     import subprocess
     import sys

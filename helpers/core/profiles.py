@@ -147,7 +147,7 @@ PROFILES: dict[str, Profile] = {
         pipeline=PipelineSizes(batch=16, image_size=128, microbatches=4),
         schedules=ScheduleSizes(width=256, blocks=8, batch=512, microbatches=4),
         ffn=FFNSizes(128, 512, 64, 2, world_size=4, iters=12, warmup=2),
-        wide_ffn=FFNSizes(512, 2048, 128, 4, world_size=4, iters=7, warmup=2),
+        wide_ffn=FFNSizes(512, 4096, 128, 4, world_size=4, iters=7, warmup=2),
         lm=SMALL_LM,
     ),
     "full": Profile(

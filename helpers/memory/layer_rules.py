@@ -13,7 +13,6 @@ import math
 from collections.abc import Sequence
 
 from torch import nn
-from torchvision.models.resnet import Bottleneck
 
 LOSSES = ("mse", "cross_entropy")
 Shape = tuple[int, ...]
@@ -30,6 +29,12 @@ def _conv_out(shape: Shape, conv: nn.Conv2d | nn.MaxPool2d) -> Shape:
     channels = conv.out_channels if isinstance(conv, nn.Conv2d) else shape[1]
     return (shape[0], channels, h, w)
 
+
+
+def _is_bottleneck(layer: nn.Module) -> bool:
+    """torchvision's ResNet ``Bottleneck``, recognised without importing torchvision (slow)."""
+    kind = type(layer)
+    return kind.__name__ == "Bottleneck" and kind.__module__.startswith("torchvision.")
 
 class LayerWalk:
     """Walk layers in order, adding up the bytes each keeps for backward (element bytes ``e``)."""
@@ -85,7 +90,7 @@ class LayerWalk:
             self.shape = (self.shape[0], math.prod(self.shape[1:]))
         elif isinstance(layer, nn.Identity):
             pass
-        elif isinstance(layer, Bottleneck):
+        elif _is_bottleneck(layer):
             self.bottleneck(layer)
         elif isinstance(layer, nn.Sequential):
             for sub in layer:
@@ -97,7 +102,7 @@ class LayerWalk:
                 "Identity, Bottleneck, Sequential of these"
             )
 
-    def bottleneck(self, block: Bottleneck) -> None:
+    def bottleneck(self, block: nn.Module) -> None:
         """conv-bn-relu x2, conv-bn, (+ downsample(x)), add, relu: torchvision's order."""
         x_shape = self.shape
         for conv, bn in ((block.conv1, block.bn1), (block.conv2, block.bn2)):

@@ -86,6 +86,15 @@ class PipelineConfig:
             p.error(str(error))
 
 
+def validate_stage_count(stages: int, processes: int) -> None:
+    """One process per stage: raise ValueError naming both counts and the rule."""
+    if stages != processes:
+        raise ValueError(
+            f"--split gives {stages} stages but torchrun started {processes} processes; "
+            "valid: one process per stage (--nproc-per-node = number of cut names + 1)"
+        )
+
+
 @dataclass(frozen=True)
 class StageProof:
     """One pipelined step against one process accumulating the same micro-batches."""

@@ -23,7 +23,7 @@ from helpers.memory.saved import SavedTensorMeter
 from helpers.model_parallel.resnet import one_hot_labels, resnet50, resnet_layers, split_points_at
 from helpers.model_parallel.stages import split_layers
 from helpers.pipeline.runtime import RankPipeline, build_pipeline, prove_step, train_step
-from helpers.pipeline.stage_runs import WORKER, PipelineConfig
+from helpers.pipeline.stage_runs import WORKER, PipelineConfig, validate_stage_count
 
 MODULE = WORKER
 
@@ -107,11 +107,7 @@ def main(argv: list[str] | None = None) -> None:
         reference = copy.deepcopy(model) if args.check and rank.rank == 0 else None
         layers = resnet_layers(model, blocks=True)
         stages = split_layers(layers, split_points_at(layers, list(args.split)))
-        if len(stages) != rank.world_size:
-            raise ValueError(
-                f"--split gives {len(stages)} stages but torchrun started {rank.world_size} processes; "
-                "valid: one process per stage (--nproc-per-node = number of cut names + 1)"
-            )
+        validate_stage_count(len(stages), rank.world_size)
         module = stages[rank.rank].to(rank.device)
         images, labels = (t.to(rank.device) for t in same_batch(args))
         result: dict = {

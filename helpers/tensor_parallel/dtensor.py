@@ -13,8 +13,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor.parallel import parallelize_module
 
 from helpers.core.checks import Proof
 from helpers.core.timing import Timing, measure
@@ -28,6 +26,9 @@ def prove_parallelize_module(
     config: DemoConfig, rank: Rank, hand: nn.Module, x: torch.Tensor
 ) -> DTensorRun:
     """Shard with ``parallelize_module``, compare with this rank's hand-made shard ``hand``."""
+    from torch.distributed.device_mesh import init_device_mesh  # imported when used: slow
+    from torch.distributed.tensor.parallel import parallelize_module
+
     mesh = init_device_mesh(rank.device.type, (rank.world_size,))
     model = build_model(config).to(rank.device, x.dtype).eval()
     parallelize_module(model, mesh, model.plan())
