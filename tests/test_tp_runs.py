@@ -6,6 +6,7 @@ import pytest
 
 from helpers.core.profiles import get_profile
 from helpers.tensor_parallel.config import DemoConfig, RunOptions
+from helpers.tensor_parallel.mesh_worker import MeshOptions
 from helpers.tensor_parallel.runs import launch_mesh, launch_tp, write_all_shards
 
 SMOKE = get_profile("smoke")
@@ -36,9 +37,15 @@ def test_one_launch_proves_the_output_the_step_dtensor_and_the_wide_size():
 def test_two_dimensional_mesh_step_equals_full_model():
     """dp=2 x tp=2: each rank's output rows and updated shards match one device."""
     config = replace(TINY, batch_size=4, world_size=4)
-    result = launch_mesh(config, 4, 2)
+    result = launch_mesh(config, 4, MeshOptions(dp=2))
     assert (result.dp, result.tp, result.mesh) == (2, 2, ((0, 1), (2, 3)))
     assert result.ok and all(p.tolerance < 1e-5 for p in result.proofs)
+
+
+def test_mesh_options_round_trip_through_the_workers_command_line():
+    config = DemoConfig.from_profile(SMOKE, device="cpu", dtype="float32")
+    options = MeshOptions(dp=4, lr=0.5)
+    assert MeshOptions.from_args(config.args() + options.args()) == (config, options)
 
 
 def test_run_options_round_trip_and_refuse_an_unknown_activation():

@@ -30,11 +30,11 @@ if TYPE_CHECKING:
 def demo_args(ctx: Context) -> list[str]:
     """The source's documented flags at this run's FFN sizes (--smoke: tiny, float32, CPU)."""
     f = ctx.profile.ffn
-    args = [f"--hidden_size={f.hidden_size}", f"--ffn_size={f.ffn_size}", f"--seq_len={f.seq_len}",
-            f"--batch_size={f.batch_size}", f"--world_size={f.world_size}"]  # fmt: skip
-    if not ctx.smoke:
-        return [*args, "--device=cuda"]
-    return [*args, "--device=cpu", "--dtype=float32", f"--iters={f.iters}", f"--warmup={f.warmup}"]
+    flags = {"hidden_size": f.hidden_size, "ffn_size": f.ffn_size, "seq_len": f.seq_len,
+             "batch_size": f.batch_size, "world_size": f.world_size, "device": "cuda"}  # fmt: skip
+    if ctx.smoke:
+        flags |= {"device": "cpu", "dtype": "float32", "iters": f.iters, "warmup": f.warmup}
+    return [word for name, value in flags.items() for word in (f"--{name}", str(value))]
 
 
 def run_demo_command(ctx: Context, json_path: Path | None = None) -> dict:

@@ -220,7 +220,10 @@ def _launch_once(module, args, nproc, timeout, threads_per_rank, port, log_dir, 
             kill_group(proc, grace=1.0)  # no-op when finished; kills everything on interrupt
     if code != 0:
         rank, local = root_cause(launcher_log.read_text(errors="replace"))
-        log = rank_tail(log_dir, local if local is not None else 0)
+        first = local if local is not None else 0
+        # the root cause's logs first, then the others': a rank killed while its peer failed
+        # may not have written its own error yet
+        log = "\n".join(rank_tail(log_dir, r) for r in [first, *sorted({*range(nproc)} - {first})])
         error = LaunchError(
             f"{module} failed (exit code {code}) on rank {rank if rank is not None else '?'}; "
             f"logs in {display_path(log_dir)}\n{log}",

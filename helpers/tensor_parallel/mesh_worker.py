@@ -78,6 +78,26 @@ class MeshRun:
         return "\n".join([head] + ["  " + p.line(22) for p in self.proofs])
 
 
+@dataclass(frozen=True)
+class MeshOptions:
+    """What ``mesh_worker`` takes beyond tp_demo's flags: data-parallel groups, the step's lr."""
+
+    dp: int = 2  # the rest of the world is tp
+    lr: float = 0.1
+
+    def args(self) -> list[str]:
+        return ["--dp", str(self.dp), "--lr", str(self.lr)]
+
+    @classmethod
+    def from_args(cls, argv: list[str] | None = None) -> tuple[DemoConfig, MeshOptions]:
+        """The worker's command line: the config and these options."""
+        ap = argparse.ArgumentParser(parents=[parser(f"torchrun ... -m {MODULE}")], add_help=False)
+        ap.add_argument("--dp", type=int, default=cls.dp, help="data-parallel groups")
+        ap.add_argument("--lr", type=float, default=cls.lr, help="SGD learning rate of the step")
+        ns = ap.parse_args(argv)
+        return DemoConfig.from_args(ns), cls(ns.dp, ns.lr)
+
+
 def sgd_step(model: torch.nn.Module, x: torch.Tensor, lr: float, dp_group=None, dp: int = 1):
     """Loss mean(y^2), backward, gradients averaged over ``dp_group``, one SGD step."""
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
@@ -92,10 +112,10 @@ def sgd_step(model: torch.nn.Module, x: torch.Tensor, lr: float, dp_group=None, 
     return out.detach()
 
 
-def run(config: DemoConfig, dp: int, lr: float) -> MeshRun:
+def run(config: DemoConfig, options: MeshOptions) -> MeshRun:
     """One step of the 2-D model vs one step of the full model; rank 0's result."""
     config.validate()
-    dtype = resolve_dtype(config.dtype)
+    dtype, dp, lr = resolve_dtype(config.dtype), options.dp, options.lr
     with process_group(MODULE, device=config.device, backend=config.backend) as rank:
         if dp < 1 or rank.world_size % dp or config.batch_size % dp:
             raise ValueError(
@@ -129,11 +149,8 @@ def run(config: DemoConfig, dp: int, lr: float) -> MeshRun:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(parents=[parser(f"torchrun ... -m {MODULE}")], add_help=False)
-    ap.add_argument("--dp", type=int, default=2, help="data-parallel groups (the rest is tp)")
-    ap.add_argument("--lr", type=float, default=0.1)
-    ns = ap.parse_args(argv)
-    return worker_main(MODULE, lambda: run(DemoConfig.from_args(ns), ns.dp, ns.lr))
+    config, options = MeshOptions.from_args(argv)
+    return worker_main(MODULE, lambda: run(config, options))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from helpers.distributed.launcher import launch
 from helpers.distributed.multinode import launch_nodes
 from helpers.tensor_parallel.config import DemoConfig, RunOptions, build_model
 from helpers.tensor_parallel.ffn import tp_simulate
-from helpers.tensor_parallel.mesh_worker import MeshRun
+from helpers.tensor_parallel.mesh_worker import MeshOptions, MeshRun
 from helpers.tensor_parallel.results import NativeRun, TPRun
 from helpers.tensor_parallel.shards import load_shard, write_shards
 
@@ -72,9 +72,11 @@ def launch_tp(
     return TPRun.from_dict(launch(worker, args, nproc=world_size, timeout=timeout, port=port))
 
 
-def launch_mesh(config: DemoConfig, world_size: int, dp: int, *, timeout: float = 600) -> MeshRun:
+def launch_mesh(
+    config: DemoConfig, world_size: int, options: MeshOptions, *, timeout: float = 600
+) -> MeshRun:
     """One training step on a (dp x tp) mesh, checked against the full model and batch."""
-    args = replace(config, world_size=world_size, mode="tp").args() + ["--dp", str(dp)]
+    args = replace(config, world_size=world_size, mode="tp").args() + options.args()
     worker = "helpers.tensor_parallel.mesh_worker"
     return MeshRun.from_dict(launch(worker, args, nproc=world_size, timeout=timeout))
 
@@ -85,7 +87,7 @@ def launch_on_nodes(
     *,
     nnodes: int,
     nproc_per_node: int,
-    extra: Sequence[str] = (),
+    options: RunOptions | MeshOptions | None = None,
     rendezvous: str = "static",
     node_ranks: Sequence[int] | None = None,
     join_timeout: int = 30,
@@ -95,7 +97,8 @@ def launch_on_nodes(
     if worker not in NODE_WORKERS:
         raise ValueError(f"worker {worker!r}; valid choices: {', '.join(NODE_WORKERS)}")
     world = nnodes * nproc_per_node
-    args = [*replace(config, world_size=world, mode="tp").args(), *extra]
+    args = [*replace(config, world_size=world, mode="tp").args()]
+    args += options.args() if options is not None else []
     return NODE_WORKERS[worker].from_dict(
         launch_nodes(
             f"helpers.tensor_parallel.{worker}",
