@@ -1,4 +1,5 @@
-"""``make bench``'s sections for lessons 03, 04 and 07: each lesson's run at a larger size.
+"""``make bench``'s sections for lessons 03, 04 and 07: each lesson's run at a larger size
+(lesson 03's also sweeps M and draws it, ``results/split_size_tradeoff.png``).
 
 Each section is measured within one run, so its ratios compare like with like.
 """
@@ -10,8 +11,10 @@ from collections.abc import Sequence
 from dataclasses import asdict
 
 from helpers.core.devices import plan_devices
+from helpers.core.paths import display_path, results_path
 from helpers.core.profiles import PROFILES
 from helpers.pipeline.mlp_stack import SchedulesConfig
+from helpers.pipeline.plots import split_size_chart
 from helpers.pipeline.schedule import ideal_speedup
 from helpers.pipeline.schedules_run import launch_schedules
 from helpers.pipeline.stage_cuts import balanced_cut_names
@@ -51,6 +54,8 @@ def pipeline_section(
     timed = piped.timings()
     gpipe = timed[("gpipe", microbatches)]
     single = local.single
+    chart = split_size_chart(single, timed, stages, results_path("split_size_tradeoff.png"),
+                             title=f"batch {batch} at {image_size}x{image_size}, K={stages}")
     return {
         "stages": stages,
         "microbatches": microbatches,
@@ -85,6 +90,7 @@ def pipeline_section(
         "threads_per_stage": piped.config.threads if piped.backend == "gloo" else None,
         "repeats": repeats,
         "median_s": {"single": statistics.median(single.times), "pipelined": gpipe.median},
+        "sweep_chart": display_path(chart),
     }
 
 
