@@ -6,7 +6,7 @@ from torch import nn
 
 from helpers.core.devices import resolve_device, resolve_dtype
 from helpers.tensor_parallel import comm
-from helpers.tensor_parallel.block import ParallelBlock, chunks, shard_vs_full
+from helpers.tensor_parallel.block import ParallelBlock, chunks, load_chunks, shard_vs_full
 from helpers.tensor_parallel.comm import tp_cost
 from helpers.tensor_parallel.ffn import (
     FeedForward,
@@ -261,7 +261,7 @@ def test_defaults_and_shapes_of_shards():
     with pytest.raises(
         ValueError, match=r"^fc1.weight: a chunk of shape \(3, 3\) for a parameter of shape \(4, 4\)$"
     ):
-        shard.load_weights(torch.zeros(3, 3), torch.zeros(4, 4))
+        load_chunks(shard, {"fc1.weight": torch.zeros(3, 3), "fc2.weight": torch.zeros(4, 4)})
     half = cut_shard(model.half(), 2, 1)
     assert half.fc1.weight.dtype == torch.float16 and isinstance(half.act, nn.Identity)
     assert torch.equal(half.fc2.weight, model.fc2.weight[:, 4:])

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from helpers.tensor_parallel.block import Split, chunks, cut, load_chunks
+from helpers.tensor_parallel.block import Split, chunks, cut
 
 SEED = 1  # the source seeds the model with torch.manual_seed(1)
 SPLITS = (Split("fc1.weight", 0), Split("fc2.weight", 1))  # column-, then row-parallel
@@ -116,10 +116,6 @@ class FeedForwardShard(nn.Module):
     def rows(self) -> slice:
         """The slice of the ffn dimension this rank owns."""
         return shard_rows(self.ffn_size, self.world_size, self.rank)
-
-    def load_weights(self, fc1: torch.Tensor, fc2: torch.Tensor) -> FeedForwardShard:
-        """Copy the two weight chunks in, checking their shapes; returns the shard."""
-        return load_chunks(self, {"fc1.weight": fc1, "fc2.weight": fc2})
 
 
 def split_weights(model: FeedForward, world_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
