@@ -1,7 +1,7 @@
 """A tiny torchrun worker for the launcher tests.
 
-Modes: ok, crash (rank 1), hang (rank 1), and
-disagree (each rank reports its own value; the cross-rank maximum must win).
+Modes: ok, crash (rank 1) and hang (rank 1); max_over_ranks is tested on threads
+(tests/test_launch.py).
 Each rank writes its pid into $PROBE_PID_DIR so tests check exactly their processes.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from helpers.distributed.ranks import init_rank, max_over_ranks, write_result
+from helpers.distributed.ranks import init_rank, write_result
 
 rank = init_rank("launch_probe")
 if os.environ.get("PROBE_PID_DIR"):
@@ -26,7 +26,5 @@ if mode == "hang" and rank.rank == 1:
 total = torch.tensor([rank.rank + 1.0])
 dist.all_reduce(total)
 result = {"sum": total.item(), "world": rank.world_size, "backend": rank.backend}
-if mode == "disagree":
-    result["max_over_ranks"] = max_over_ranks(10.0 * rank.rank, rank)
 write_result(rank, result)
 dist.destroy_process_group()

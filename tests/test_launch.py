@@ -60,9 +60,20 @@ def test_result_comes_from_rank_0(probe, tmp_path):
     assert len(list(probe.pids.glob("*.pid"))) == 2 and not alive(probe.pids)
 
 
-@pytest.mark.torchrun
-def test_cross_rank_maximum_reports_the_rank_that_disagrees(probe):
-    assert probe("disagree", nproc=3, timeout=120)["max_over_ranks"] == 20.0
+def test_cross_rank_maximum_reports_the_rank_that_disagrees():
+    """max_over_ranks on three real gloo ranks (threads of this process, as in the
+    exercises): every rank gets the largest value, that of the rank that disagrees."""
+    import torch
+
+    from helpers.distributed.ranks import Rank, max_over_ranks
+    from helpers.exercises.two_ranks import run_ranks
+
+    def work(r: int, group: object) -> float:
+        rank = Rank(rank=r, world_size=3, local_rank=r, device=torch.device("cpu"),
+                    backend="gloo", reason="threads", group=group)
+        return max_over_ranks(10.0 * r, rank)
+
+    assert run_ranks(3, work) == [20.0, 20.0, 20.0]
 
 
 @pytest.mark.torchrun
@@ -124,15 +135,9 @@ def test_a_port_taken_after_it_was_picked_is_picked_again(probe, monkeypatch):
         assert probe("ok", nproc=1, timeout=120)["sum"] == 1.0
 
 
-@pytest.mark.slow  # a subprocess per worker, each importing torch
-@pytest.mark.parametrize(
-    "module",
-    [
-        "helpers.tensor_parallel.ffn_worker",
-        "helpers.tensor_parallel.mesh_worker",
-    ],
-)
-def test_a_worker_started_without_torchrun_says_how_to_launch_it(module):
+@pytest.mark.slow  # a subprocess importing torch: the whole path, exit code included
+def test_a_worker_started_without_torchrun_says_how_to_launch_it():
+    module = "helpers.tensor_parallel.ffn_worker"
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
     run = subprocess.run(
         [sys.executable, "-m", module, "--device", "cpu"],
@@ -141,6 +146,30 @@ def test_a_worker_started_without_torchrun_says_how_to_launch_it(module):
     assert run.returncode == 1
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1, run.stderr
+    assert f"launch it with `torchrun --nproc-per-node=2 -m {module}" in lines[0]
+
+
+@pytest.mark.parametrize("module", ["helpers.tensor_parallel.mesh_worker",
+                                    "helpers.pipeline.schedules_worker"])
+def test_every_worker_started_without_torchrun_says_how_to_launch_it(module, monkeypatch, capsys):
+    """The other workers' main, in this process: the same one line, exit code 1."""
+    import importlib
+
+    from helpers.distributed.ranks import worker_main
+
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    worker = importlib.import_module(module)
+    argv = {"helpers.tensor_parallel.mesh_worker": ["--device", "cpu"],
+            "helpers.pipeline.schedules_worker": ["--schedules", "gpipe", "--microbatches", "4",
+                                                  "--batch", "32"]}[module]
+    # mesh_worker's main returns the exit code; schedules_worker's raises, as its caller expects
+    if module.endswith("mesh_worker"):
+        code = worker.main(argv)
+    else:
+        code = worker_main(module, lambda: worker.main(argv))
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(lines) == 1, lines
     assert f"launch it with `torchrun --nproc-per-node=2 -m {module}" in lines[0]
 
 

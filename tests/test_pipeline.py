@@ -115,8 +115,9 @@ def test_balanced_resnet_cut_is_the_best_block_boundary():
 def test_two_process_pipeline_equals_one_process():
     """torch.distributed.pipelining with gloo: same loss, gradients and weights; 1F1B keeps
     at most K micro-batches' activations on the first stage, GPipe all M."""
-    config = PipelineConfig(8, 32, (("gpipe", 4), ("1f1b", 4)), ("layer3_1",), steps=1,
-                            warmup=0, num_classes=10)
+    config = PipelineConfig(8, 32, (("gpipe", 4), ("1f1b", 4)), ("layer3_1",), steps=2,
+                            warmup=0, num_classes=10, timed=(("gpipe", 4),), baselines=True,
+                            time_image_size=48)
     piped = launch_pipeline(config, timeout=300)
     assert [(p.schedule, p.microbatches) for p in piped.proofs] == [("gpipe", 4), ("1f1b", 4)]
     assert piped.proofs_ok, piped.proof_table()  # every timed schedule is proven first
@@ -125,22 +126,41 @@ def test_two_process_pipeline_equals_one_process():
     batch_bytes = 8 * 3 * 32 * 32 * 4
     assert (one_f[0] - batch_bytes) / (gpipe[0] - batch_bytes) == pytest.approx(2 / 4, rel=0.01)
     assert one_f[1] / gpipe[1] == pytest.approx(1 / 4, rel=0.05)  # the last stage: 1 of M
-    assert set(piped.timings()) == {("gpipe", 4), ("1f1b", 4)}
+    # only the runs asked for are timed, each as many times as asked, and the baselines too
+    assert set(piped.timings()) == {("gpipe", 4)} and len(piped.timings()["gpipe", 4].times) == 2
+    assert len(piped.single.times) == 2 and len(piped.single_threads.times) == 2
+    assert min(piped.single.times + piped.single_threads.times) > 0
     assert piped.backend == "gloo"
 
 
 def test_more_processes_than_stages_is_a_clear_error():
     """Checked on every rank before any step (lesson 03 launches it for real: 3 for 2)."""
     validate_stage_count(2, 2)
-    with pytest.raises(ValueError, match="--split gives 2 stages but torchrun started 3 "
-                       r"processes; valid: one process per stage"):  # fmt: skip
+    with pytest.raises(ValueError, match="--split gives 2 stages but 3 processes were started "
+                       r"or asked for; valid: one process per stage"):  # fmt: skip
         validate_stage_count(2, 3)
+
+
+def test_a_launch_with_the_wrong_process_count_is_refused_before_it_starts(monkeypatch):
+    """launch_pipeline checks nproc against the cut before torchrun runs at all."""
+    import helpers.pipeline.stage_runs as stage_runs
+
+    monkeypatch.setattr(stage_runs, "launch", lambda *a, **k: pytest.fail("launched"))
+    config = PipelineConfig(8, 32, (("gpipe", 4),), ("layer3_1",))
+    with pytest.raises(ValueError, match="2 stages but 3 processes"):
+        stage_runs.launch_pipeline(config, nproc=3)
 
 
 def test_the_pipeline_config_round_trips_and_refuses_bad_runs(capsys):
     config = PipelineConfig(16, 64, (("gpipe", 4), ("1f1b", 2)), ("layer2_0", "layer3_1"),
                             steps=2, warmup=1, num_classes=10, threads=2, seed=3, lr=0.5)
     assert PipelineConfig.from_args(config.args()) == config and config.stages == 3
+    assert config.timed_runs == config.runs and config.timing_size == 64
+    timed = PipelineConfig(16, 64, (("gpipe", 4), ("1f1b", 4)), ("layer3_1",),
+                           timed=(("gpipe", 4),), baselines=True, time_image_size=96)
+    assert PipelineConfig.from_args(timed.args()) == timed and timed.timing_size == 96
+    with pytest.raises(ValueError, match=r"timed run\(s\) \[\('gpipe', 2\)\] are not among"):
+        PipelineConfig(16, 64, (("gpipe", 4),), ("layer3_1",), timed=(("gpipe", 2),)).validate()
     with pytest.raises(ValueError, match=r"unknown schedule\(s\) \['zb'\]; valid"):
         PipelineConfig(16, 64, (("zb", 4),), ("layer3_1",)).validate()
     with pytest.raises(ValueError, match="microbatches=3 does not divide the batch of 16"):
@@ -165,3 +185,57 @@ def test_speedup_is_taken_against_the_same_processes_at_one_microbatch():
     assert "above the ideal" in gains[2].describe()
     with pytest.raises(ValueError, match="no gpipe run at M=1"):
         speedups({("gpipe", 4): Timing("m4", [1.0])}, stages=2)
+
+
+def test_speedup_over_one_process_names_its_baseline():
+    from helpers.core.timing import Timing
+    from helpers.pipeline.speedup import speedup_over_one_process
+
+    gain = speedup_over_one_process(Timing("p", [2.0, 2.0]), Timing("s", [3.0, 3.0]), 2, 4)
+    assert gain.value == pytest.approx(1.5) and gain.ideal == pytest.approx(1.6)
+    assert "over one process (ideal 1.60x" in gain.describe() and not gain.above_ideal
+
+
+class _Times(nn.Module):
+    """x * s with s = 1: a parameter in front of the stage that leaves its input exact."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.s = nn.Parameter(torch.ones(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.s
+
+
+def test_a_local_proof_compares_its_stage_with_the_matching_slice_of_the_reference(one_rank_group):
+    """prove_step_locally: the stage's parameters start at first_param in the whole model's;
+    the right offset proves it equal, the wrong one is refused, a changed weight is caught."""
+    from helpers.pipeline.mlp_stack import build_stack
+    from helpers.pipeline.runtime import build_pipeline, prove_step_locally
+    from helpers.pipeline.schedule import PROOF_TOLERANCE
+
+    torch.manual_seed(0)
+    stage = build_stack(8, 2)
+    whole = nn.Sequential(_Times(), copy.deepcopy(stage))  # one parameter before the stage
+    x, y = torch.randn(8, 8), torch.randn(8, 8)
+
+    def prove(reference: nn.Module, first_param: int):
+        start = copy.deepcopy(stage.state_dict())
+        pipe = build_pipeline({0: stage}, 1, "gpipe", 4, torch.device("cpu"), lr=0.1)
+        try:
+            return prove_step_locally(pipe, copy.deepcopy(reference), x, y, 4, 0.1, first_param)
+        finally:
+            stage.load_state_dict(start)
+
+    proof, ref = prove(whole, first_param=1)
+    c = proof.comparison
+    assert max(c.output, c.loss, c.grads, c.weights) <= PROOF_TOLERANCE
+    assert len(ref.grads) == 1 + len(list(stage.parameters()))  # the whole model's step
+    with pytest.raises(ValueError, match="parameter"):  # off by one: shapes differ
+        prove(whole, first_param=0)
+    changed = copy.deepcopy(whole)
+    with torch.no_grad():
+        changed[1][0].fc1.weight[0, 0] += 1.0
+    worse = prove(changed, first_param=1)[0].comparison
+    assert worse.output > PROOF_TOLERANCE and worse.weights > PROOF_TOLERANCE
+    assert worse.worst_weight.endswith("fc1.weight")

@@ -17,7 +17,7 @@ from helpers.tensor_parallel.proofs import (
     output_tolerance,
     outputs_agree,
 )
-from helpers.tensor_parallel.results import NativeRun, TPRun
+from helpers.tensor_parallel.results import NativeRun, SweepRun, TPRun
 from helpers.tensor_parallel.runs import Sweep
 
 
@@ -87,6 +87,16 @@ def test_a_run_agrees_only_within_its_tolerance_and_with_the_same_sum():
 def test_typed_results_round_trip_through_json():
     run = _tp_run(5.0, 1e-7)
     assert TPRun.from_dict(json.loads(json.dumps(run.as_dict()))) == run
+
+
+def test_a_sweeps_result_round_trips_through_json_with_its_world_sizes_in_order():
+    native = NativeRun("float32", (2, 3), 5.0, 9.0, Timing("native", [0.9, 1.1]),
+                       Proof("tp_simulate", 1e-8, 1e-7))  # fmt: skip
+    assert NativeRun.from_dict(json.loads(json.dumps(native.as_dict()))) == native
+    sweep = SweepRun(native, {4: _tp_run(5.0, 1e-7), 1: _tp_run(5.0, 0.0)}, work_s=1.5)
+    back = SweepRun.from_dict(json.loads(json.dumps(sweep.as_dict())))
+    assert back == sweep and list(back.runs) == [4, 1] and back.ok
+    assert not SweepRun(native, {2: _tp_run(5.0, 3e-7)}).ok  # one world size too far
 
 
 def test_max_abs_diff_refuses_other_shapes():

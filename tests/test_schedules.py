@@ -1,15 +1,12 @@
 """The pipeline-schedules lesson's pieces: event collection, idle arithmetic, replay, bad input."""
 
-import os
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.distributed.pipelining.schedules as schedules_module
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
-from helpers.distributed.launcher import free_port
 from helpers.pipeline.events import (
     Action,
     bubble_theory,
@@ -39,15 +36,6 @@ def test_a_missing_internal_is_reported(monkeypatch):
     monkeypatch.delattr(schedules_module, "_wait_batch_p2p")
     with pytest.raises(RuntimeError, match="_wait_batch_p2p"):
         validate_instrumentable()
-
-
-@pytest.fixture
-def one_rank_group():
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    store = dist.TCPStore("127.0.0.1", free_port(), 1, is_master=True)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def test_events_of_a_one_rank_gpipe_step(one_rank_group):
@@ -160,19 +148,7 @@ def test_the_config_round_trips_through_the_workers_command_line():
     assert SchedulesConfig.from_args(config.args(), ranks=2) == config
 
 
-@pytest.mark.slow  # a subprocess that starts Python with torch (or a notebook)
-def test_the_worker_started_without_torchrun_says_how_to_launch_it():
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
-    module = "helpers.pipeline.schedules_worker"
-    run = subprocess.run([sys.executable, "-m", module, "--schedules", "gpipe", "--microbatches",
-                          "4", "--batch", "32"], capture_output=True, text=True, env=env,
-                         timeout=120)
-    assert run.returncode == 1
-    lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1 and f"torchrun --nproc-per-node=2 -m {module}" in lines[0], run.stderr
+# started without torchrun: tests/test_launch.py::test_every_worker_started_without_torchrun_...
 
 
 def test_resnet_split_tolerance_is_tight_on_the_cpu_only():

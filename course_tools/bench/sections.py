@@ -19,7 +19,7 @@ from helpers.pipeline.schedule import ideal_speedup
 from helpers.pipeline.schedules_run import launch_schedules
 from helpers.pipeline.stage_cuts import balanced_cut_names
 from helpers.pipeline.stage_runs import PipelineConfig, launch_pipeline
-from helpers.pipeline.timings import in_process_timings
+from helpers.pipeline.timings import cost_per_image, in_process_timings
 from helpers.tensor_parallel.runs import WORLD_SIZES, sweep_config, tp_sweep
 
 FULL = PROFILES["full"]  # make bench runs the full profile's sizes
@@ -50,7 +50,7 @@ def pipeline_section(
     runs = [("gpipe", microbatches), ("1f1b", microbatches)]
     runs += [("gpipe", m) for m in sorted(set(sweep) - {microbatches} | {1})]
     piped = launch_pipeline(PipelineConfig(batch, image_size, tuple(runs), tuple(cut),
-                                           steps=repeats, warmup=warmup))
+                                           steps=repeats, warmup=warmup, baselines=True))
     timed = piped.timings()
     gpipe = timed[("gpipe", microbatches)]
     single = local.single
@@ -91,6 +91,15 @@ def pipeline_section(
         "repeats": repeats,
         "median_s": {"single": statistics.median(single.times), "pipelined": gpipe.median},
         "sweep_chart": display_path(chart),
+        # lesson 03's baselines: the whole model in a stage process, 1 and K threads
+        "single_stage_process_s": piped.single.mean,
+        "single_stage_process_threads_s": piped.single_threads.mean,
+        "speedup_over_one_process": piped.single.mean / gpipe.mean,
+        # what a micro-batch costs per image against the whole batch (one thread)
+        "cost_per_image_s": {
+            f"{size}x{size}, batch {b}": cost
+            for (size, b), cost in cost_per_image([image_size], [batch // microbatches, batch]).items()
+        },
     }
 
 

@@ -44,8 +44,9 @@ class PipelineSizes:
     """Lesson 03: ResNet50 in stages, one process each."""
 
     batch: int
-    image_size: int
+    image_size: int  # the timed runs'
     microbatches: int
+    proof_image_size: int  # the proofs' and the memory measurement's
 
 
 @dataclass(frozen=True)
@@ -109,8 +110,8 @@ class Profile:
             "toy": f"toy model {t.inputs} -> {t.hidden} -> {t.outputs}, batch {t.batch}",
             "resnet": f"ResNet50 batch {r.batch} at {r.image_size}x{r.image_size}, "
             f"{r.batches} batches",
-            "pipeline": f"ResNet50 batch {p.batch} at {p.image_size}x{p.image_size}, "
-            f"{p.microbatches} micro-batches",
+            "pipeline": f"ResNet50 batch {p.batch} at {p.image_size}x{p.image_size} (proofs at "
+            f"{p.proof_image_size}x{p.proof_image_size}), {p.microbatches} micro-batches",
             "schedules": f"{s.blocks} MLP blocks of width {s.width}, batch {s.batch}, "
             f"{s.microbatches} micro-batches",
             "lm": f"Llama-shaped model: vocab {m.vocab}, hidden {m.hidden}, {m.blocks} blocks; "
@@ -135,7 +136,7 @@ PROFILES: dict[str, Profile] = {
         "smoke", warmup=1, repeats=1, toy=ToySizes(),
         resnet=ResNetSizes(batch=2, image_size=32, batches=1),
         # one image per micro-batch; 48x48 leaves 2x2 after layer4 (BatchNorm needs > 1x1)
-        pipeline=PipelineSizes(batch=2, image_size=48, microbatches=2),
+        pipeline=PipelineSizes(batch=2, image_size=48, microbatches=2, proof_image_size=48),
         schedules=ScheduleSizes(width=32, blocks=4, batch=16, microbatches=4),
         ffn=FFNSizes(32, 64, 8, 2, world_size=4, iters=3, warmup=1),
         wide_ffn=FFNSizes(64, 256, 16, 2, world_size=4, iters=3, warmup=1),
@@ -144,7 +145,7 @@ PROFILES: dict[str, Profile] = {
     "small": Profile(
         "small", warmup=2, repeats=3, toy=ToySizes(),
         resnet=ResNetSizes(batch=16, image_size=64, batches=2),
-        pipeline=PipelineSizes(batch=16, image_size=128, microbatches=4),
+        pipeline=PipelineSizes(batch=16, image_size=112, microbatches=4, proof_image_size=48),
         schedules=ScheduleSizes(width=256, blocks=8, batch=512, microbatches=4),
         ffn=FFNSizes(128, 512, 64, 2, world_size=4, iters=12, warmup=2),
         wide_ffn=FFNSizes(512, 4096, 128, 4, world_size=4, iters=7, warmup=2),
@@ -153,7 +154,7 @@ PROFILES: dict[str, Profile] = {
     "full": Profile(
         "full", warmup=2, repeats=10, toy=ToySizes(),
         resnet=ResNetSizes(batch=120, image_size=128, batches=3),
-        pipeline=PipelineSizes(batch=32, image_size=128, microbatches=4),
+        pipeline=PipelineSizes(batch=32, image_size=128, microbatches=4, proof_image_size=128),
         schedules=ScheduleSizes(width=512, blocks=8, batch=1024, microbatches=8),
         ffn=SOURCE_FFN,
         wide_ffn=SOURCE_FFN,

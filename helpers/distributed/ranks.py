@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -38,7 +39,7 @@ def torchrun_world_size(module: str) -> int:
 
 @dataclass(frozen=True)
 class Rank:
-    """This process's place in the launch."""
+    """This process's place in the launch, or in a group of its first ranks (``first_ranks``)."""
 
     rank: int
     world_size: int
@@ -46,6 +47,7 @@ class Rank:
     device: torch.device
     backend: str
     reason: str
+    group: dist.ProcessGroup | None = None  # the collectives' group; None: the whole world
 
 
 def init_rank(module: str = "this module", *, device: str = "auto", backend: str = "auto") -> Rank:
@@ -82,10 +84,33 @@ def process_group(
         dist.destroy_process_group()
 
 
+def first_ranks(rank: Rank, sizes: Sequence[int]) -> dict[int, Rank | None]:
+    """For each size p, this rank as a member of the group of ranks 0 .. p-1 (None if outside).
+
+    Collective: every rank of the world calls it with the same sizes, since
+    ``dist.new_group`` is. The whole world keeps the default group; a smaller p gets its
+    own, in which rank r of the world is rank r of the group.
+    """
+    places: dict[int, Rank | None] = {}
+    for p in sizes:
+        if not 1 <= p <= rank.world_size:
+            raise ValueError(f"group of {p} ranks; valid: 1 .. {rank.world_size} (the world size)")
+        group = None if p == rank.world_size else dist.new_group(list(range(p)))
+        if rank.rank >= p:
+            places[p] = None
+        elif group is None:
+            places[p] = rank
+        else:  # as the group sees it: its size, and this rank in it (rank r of the world is r)
+            size, mine = dist.get_world_size(group), dist.get_rank(group)
+            places[p] = replace(rank, rank=mine, world_size=size, group=group)
+    return places
+
+
 def max_over_ranks(value: float, rank: Rank) -> float:
-    """The largest ``value`` of all ranks, on every rank (on the rank's device, as NCCL needs)."""
+    """The largest ``value`` of the rank's group, on every rank of it (on the rank's device,
+    as NCCL needs)."""
     t = torch.tensor([value], dtype=torch.float64, device=rank.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=rank.group)
     return t.item()
 
 
@@ -104,3 +129,15 @@ def worker_main(module: str, run: Callable[[], object]) -> int:
         print(f"{module}: error: {error}", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def exit_worker(code: int) -> NoReturn:
+    """End a worker process with ``code`` now, skipping the interpreter's teardown.
+
+    With torch imported, Python's own teardown takes most of a second per process, and
+    torchrun waits for every rank's. By then the rank has destroyed its process group,
+    written its result and printed its last line; only the output buffers remain, flushed here.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

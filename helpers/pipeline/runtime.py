@@ -107,11 +107,12 @@ class ProvenStep:
     loss_pipelined: float
     loss_reference: float
     comparison: StepComparison
+    reference: StepResult  # the one-process step, to reuse for another schedule at the same M
 
 
 def prove_step(
     pipe: RankPipeline,
-    reference: nn.Module | None,
+    reference: nn.Module | StepResult | None,
     inputs: torch.Tensor,
     target: torch.Tensor,
     microbatches: int,
@@ -122,6 +123,9 @@ def prove_step(
     Every rank sends its chunks' named gradients and updated weights (the last rank also
     the output) to rank 0, which takes the step with ``reference`` (the whole model with
     the same starting weights, rank 0 only) and compares; the other ranks get None.
+    ``reference`` may also be the ``StepResult`` of an earlier proof from the same starting
+    weights and the same micro-batches (``ProvenStep.reference``): another schedule at the
+    same M must match the same one-process step, which need not run twice.
     """
     output, loss = train_step(pipe, inputs, target, mean_loss=True)
     mine = (
@@ -132,7 +136,8 @@ def prove_step(
     dist.gather_object(mine, gathered, dst=0)
     if gathered is None or reference is None:
         return None
-    ref = accumulated_step(reference, inputs.cpu(), target.cpu(), microbatches, lr=lr)
+    ref = (reference if isinstance(reference, StepResult)
+           else accumulated_step(reference, inputs.cpu(), target.cpu(), microbatches, lr=lr))
     chunks = {index: named for snapshots, _ in gathered for index, named in snapshots.items()}
     in_order = [chunks[index] for index in sorted(chunks)]  # chunk 0, 1, ...: the model's order
     piped = StepResult(
@@ -141,4 +146,51 @@ def prove_step(
         grads=[g for grads, _ in in_order for g in grads],
         weights=[w for _, weights in in_order for w in weights],
     )
-    return ProvenStep(loss, ref.loss, compare_steps(ref, piped))
+    return ProvenStep(loss, ref.loss, compare_steps(ref, piped), ref)
+
+
+def prove_step_locally(
+    pipe: RankPipeline,
+    reference: nn.Module | StepResult,
+    inputs: torch.Tensor,
+    target: torch.Tensor,
+    microbatches: int,
+    lr: float,
+    first_param: int,
+) -> tuple[ProvenStep | None, StepResult]:
+    """``prove_step`` with the reference on every rank: nothing but numbers is sent.
+
+    Every rank takes the one-process step itself (``reference``: the whole model with the
+    same starting weights, or that step already taken, as ``prove_step``) and compares
+    its own chunk with the matching parameters of it, from position ``first_param`` of
+    the whole model's parameters on (the stages hold them in the model's order); the last
+    rank also compares the output. Rank 0 gathers the differences and returns the proof
+    with the largest of each; every rank also returns its reference step, to reuse.
+    """
+    output, loss = train_step(pipe, inputs, target, mean_loss=True)
+    ref = (reference if isinstance(reference, StepResult)
+           else accumulated_step(reference, inputs.cpu(), target.cpu(), microbatches, lr=lr))
+    grads, weights = [], []
+    for module in pipe.chunks.values():
+        g, w = snapshot(module)
+        grads, weights = grads + g, weights + w
+    end = first_param + len(grads)
+    mine = compare_steps(
+        StepResult(ref.output, ref.loss, ref.grads[first_param:end], ref.weights[first_param:end]),
+        StepResult(ref.output if output is None else output.detach().cpu(), loss, grads, weights),
+    )
+    gathered: list | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(mine, gathered, dst=0)
+    if gathered is None:
+        return None, ref
+    worst_grad = max(gathered, key=lambda c: c.grads)
+    worst_weight = max(gathered, key=lambda c: c.weights)
+    comparison = StepComparison(
+        output=max(c.output for c in gathered),
+        loss=abs(ref.loss - loss),
+        grads=worst_grad.grads,
+        weights=worst_weight.weights,
+        worst_grad=worst_grad.worst_grad,
+        worst_weight=worst_weight.worst_weight,
+    )
+    return ProvenStep(loss, ref.loss, comparison, ref), ref

@@ -10,7 +10,6 @@ The step and its proof are ``helpers.pipeline.runtime``'s, the same code as less
 from __future__ import annotations
 
 import copy
-import sys
 import time
 from dataclasses import replace
 
@@ -18,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from helpers.distributed.ranks import Rank, process_group, worker_main, write_result
+from helpers.distributed.ranks import Rank, exit_worker, process_group, worker_main, write_result
 from helpers.memory.saved import SavedTensorMeter
 from helpers.pipeline.events import record_actions
 from helpers.pipeline.mlp_stack import (
@@ -104,4 +103,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(worker_main(MODULE, main))
+    exit_worker(worker_main(MODULE, main))

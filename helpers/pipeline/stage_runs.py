@@ -10,7 +10,7 @@ reports are what the lesson prints. Every choice is checked before any process s
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 from helpers.core.sizes import format_bytes
 from helpers.core.timing import Timing
@@ -23,7 +23,17 @@ SCHEDULE_CHOICES = ("gpipe", "1f1b")
 
 @dataclass(frozen=True)
 class PipelineConfig:
-    """One launch: the batch, the cut, and the (schedule, micro-batches) runs to prove and time."""
+    """One launch: the batch, the cut, the (schedule, micro-batches) runs to prove, and which
+    of them to time.
+
+    ``time_image_size``: the image size of the timed runs and the baselines (None: the
+    proofs' ``image_size``); timing where the effect shows need not make every proof as slow.
+    ``timed``: the runs to time (None: all of them). A proven run is timed on the pipeline its
+    proof built, after the proof and the memory step, so ``warmup`` counts untimed steps beyond
+    those. ``baselines``: also time one process running the whole model on the same batch,
+    in the stage processes themselves (like for like with the pipeline), on rank 0 while the
+    other ranks wait: with one thread, as each stage has, and with one thread per stage.
+    """
 
     batch: int
     image_size: int
@@ -36,10 +46,21 @@ class PipelineConfig:
     seed: int = 0
     lr: float = 0.01
     check: bool = True
+    timed: tuple[tuple[str, int], ...] | None = None
+    baselines: bool = False
+    time_image_size: int | None = None
+
+    @property
+    def timing_size(self) -> int:
+        return self.time_image_size or self.image_size
 
     @property
     def stages(self) -> int:
         return len(self.split) + 1
+
+    @property
+    def timed_runs(self) -> tuple[tuple[str, int], ...]:
+        return self.runs if self.timed is None else self.timed
 
     def validate(self) -> PipelineConfig:
         """Raise ValueError naming the first bad choice and what would be valid."""
@@ -48,16 +69,25 @@ class PipelineConfig:
             raise ValueError(f"unknown schedule(s) {unknown}; valid: {list(SCHEDULE_CHOICES)}")
         for _, m in self.runs:
             validate_microbatches(self.batch, m)
+        untimed = sorted(set(self.timed_runs) - set(self.runs))
+        if untimed:
+            raise ValueError(f"timed run(s) {untimed} are not among the runs {list(self.runs)}; "
+                             "valid: a subset of the runs")
         return self
 
     def args(self) -> list[str]:
         """The worker's command line (the stages are torchrun's ``--nproc-per-node``)."""
         out = ["--batch", str(self.batch), "--image-size", str(self.image_size),
-               "--runs", ",".join(f"{s}:{m}" for s, m in self.runs),
+               "--runs", _pairs(self.runs),
                "--split", ",".join(self.split), "--steps", str(self.steps),
                "--warmup", str(self.warmup), "--num-classes", str(self.num_classes),
                "--threads", str(self.threads), "--seed", str(self.seed), "--lr", str(self.lr)]
-        return out + (["--check"] if self.check else [])
+        if self.timed is not None:
+            out += ["--timed", _pairs(self.timed)]
+        if self.time_image_size is not None:
+            out += ["--time-image-size", str(self.time_image_size)]
+        return out + (["--check"] if self.check else []) + (
+            ["--baselines"] if self.baselines else [])
 
     @classmethod
     def from_args(cls, argv: list[str] | None = None) -> PipelineConfig:
@@ -73,24 +103,38 @@ class PipelineConfig:
             p.add_argument(f"--{name.replace('_', '-')}", type=int, default=defaults[name])
         p.add_argument("--lr", type=float, default=defaults["lr"])
         p.add_argument("--check", action="store_true", help="prove each run before timing it")
+        p.add_argument("--timed", help="the runs to time, as --runs (default: all)")
+        p.add_argument("--time-image-size", type=int, help="image size of the timed runs "
+                       "(default: --image-size)")
+        p.add_argument("--baselines", action="store_true",
+                       help="also time one process running the whole model")
         ns = p.parse_args(argv)
-        try:
-            runs = tuple((s, int(m)) for s, m in (r.split(":") for r in ns.runs.split(",")))
-        except ValueError:
-            p.error(f"--runs {ns.runs!r}: valid form is schedule:count[,schedule:count...]")
-        config = cls(ns.batch, ns.image_size, runs, tuple(ns.split.split(",")), ns.steps,
-                     ns.warmup, ns.num_classes, ns.threads, ns.seed, ns.lr, ns.check)
+        parsed = {}
+        for flag in ("runs", "timed"):
+            text = getattr(ns, flag)
+            try:
+                parsed[flag] = None if text is None else tuple(
+                    (s, int(m)) for s, m in (r.split(":") for r in text.split(",")))
+            except ValueError:
+                p.error(f"--{flag} {text!r}: valid form is schedule:count[,schedule:count...]")
+        config = cls(ns.batch, ns.image_size, parsed["runs"], tuple(ns.split.split(",")),
+                     ns.steps, ns.warmup, ns.num_classes, ns.threads, ns.seed, ns.lr, ns.check,
+                     parsed["timed"], ns.baselines, ns.time_image_size)
         try:
             return config.validate()
         except ValueError as error:
             p.error(str(error))
 
 
+def _pairs(runs: tuple[tuple[str, int], ...]) -> str:
+    return ",".join(f"{s}:{m}" for s, m in runs)
+
+
 def validate_stage_count(stages: int, processes: int) -> None:
     """One process per stage: raise ValueError naming both counts and the rule."""
     if stages != processes:
         raise ValueError(
-            f"--split gives {stages} stages but torchrun started {processes} processes; "
+            f"--split gives {stages} stages but {processes} processes were started or asked for; "
             "valid: one process per stage (--nproc-per-node = number of cut names + 1)"
         )
 
@@ -125,11 +169,26 @@ class PipelineResult:
     backend: str
     proofs: list[StageProof]
     times: dict[tuple[str, int], list[float]]
+    baselines: dict[str, list[float]] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, config: PipelineConfig, data: dict) -> PipelineResult:
         return cls(config, data["backend"], [StageProof(**c) for c in data.get("checks", [])],
-                   {(r["schedule"], r["microbatches"]): r["times_s"] for r in data["runs"]})
+                   {(r["schedule"], r["microbatches"]): r["times_s"] for r in data["runs"]},
+                   data.get("baselines", {}))
+
+    @property
+    def single(self) -> Timing | None:
+        """One process, whole model, one thread (rank 0, the others waiting)."""
+        times = self.baselines.get("single")
+        return Timing("one process, 1 thread (rank 0 alone)", times) if times else None
+
+    @property
+    def single_threads(self) -> Timing | None:
+        """One process, whole model, one thread per stage (rank 0, the others waiting)."""
+        times = self.baselines.get("single_threads")
+        k = self.config.stages
+        return Timing(f"one process, {k} threads (rank 0 alone)", times) if times else None
 
     @property
     def proofs_ok(self) -> bool:
@@ -176,7 +235,10 @@ class PipelineResult:
 
 def launch_pipeline(config: PipelineConfig, *, nproc: int | None = None,
                     timeout: float = 1800) -> PipelineResult:
-    """One process per stage (``nproc`` only to show the worker's refusal of a mismatch)."""
+    """One process per stage; another ``nproc`` is refused here, before any process starts
+    (the worker refuses it too when started by hand)."""
     config.validate()
+    if nproc is not None:
+        validate_stage_count(config.stages, nproc)
     data = launch(WORKER, config.args(), nproc=nproc or config.stages, timeout=timeout)
     return PipelineResult.from_dict(config, data)

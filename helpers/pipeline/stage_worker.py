@@ -2,8 +2,12 @@
 
 Every rank builds the same ResNet50 (same seed), keeps only its stage, and trains it with
 ``torch.distributed.pipelining`` (GPipe or 1F1B schedule). With ``--check`` one step of every
-schedule is compared, on rank 0, with the single-process reference: gradients accumulated over
-the same micro-batches, one SGD step (the step and its proof: ``helpers.pipeline.runtime``).
+run is compared with the single-process reference: gradients accumulated over the same
+micro-batches, one SGD step, taken once per micro-batch count on every rank, each rank
+comparing its own stage and rank 0 gathering the differences (the step and its proof:
+``helpers.pipeline.runtime``). The timed runs are then timed (on the pipeline the proof
+built, or on a new one at ``--time-image-size``), and with ``--baselines`` the whole
+model's step is timed in the same processes.
 Rank 0 returns everything as JSON.
 """
 
@@ -16,22 +20,26 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from helpers.core.checks import StepResult
 from helpers.core.errors import NotUnderTorchrunError
 from helpers.core.timing import synchronized_clock
-from helpers.distributed.ranks import Rank, process_group, write_result
+from helpers.distributed.ranks import Rank, exit_worker, process_group, write_result
 from helpers.memory.saved import SavedTensorMeter
 from helpers.model_parallel.resnet import one_hot_labels, resnet50, resnet_layers, split_points_at
 from helpers.model_parallel.stages import split_layers
-from helpers.pipeline.runtime import RankPipeline, build_pipeline, prove_step, train_step
+from helpers.pipeline.runtime import RankPipeline, build_pipeline, prove_step_locally, train_step
 from helpers.pipeline.stage_runs import WORKER, PipelineConfig, validate_stage_count
+from helpers.pipeline.timings import training_step_fn
 
 MODULE = WORKER
 
 
-def same_batch(args: PipelineConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same random batch on every rank (its own seeded generator)."""
+def same_batch(args: PipelineConfig, size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same random batch on every rank (its own seeded generator), ``size`` pixels square
+    (default: the proofs' image size)."""
     g = torch.Generator().manual_seed(args.seed + 1)
-    images = torch.randn(args.batch, 3, args.image_size, args.image_size, generator=g)
+    size = size or args.image_size
+    images = torch.randn(args.batch, 3, size, size, generator=g)
     classes = torch.randint(0, args.num_classes, (args.batch,), generator=g)
     return images, one_hot_labels(classes, args.num_classes)
 
@@ -42,33 +50,33 @@ def stage_pipeline(module: nn.Module, rank: Rank, schedule: str, m: int, lr: flo
 
 
 def check_run(
-    module: nn.Module,
+    pipe: RankPipeline,
     rank: Rank,
-    reference: nn.Module | None,
+    reference: nn.Module | StepResult,
     images: torch.Tensor,
     labels: torch.Tensor,
-    schedule: str,
     m: int,
     lr: float,
-) -> dict | None:
-    """``runtime.prove_step`` of one run, then each rank's peak of activation bytes.
+    first_param: int,
+) -> tuple[dict | None, StepResult]:
+    """``runtime.prove_step_locally`` of one run, then each rank's peak of activation bytes.
 
-    ``reference`` (rank 0 only) is the whole model with the stage's current weights; the
-    comparison comes back on rank 0. The peak of bytes kept for backward
-    (``helpers.memory.SavedTensorMeter``) is measured during a second step: a new
-    ``PipelineStage``'s first step also runs one micro-batch to infer shapes.
+    ``reference`` is the whole model with the starting weights, or the one-process step
+    already taken at this M (returned here on every rank, to reuse); rank 0 gets the
+    comparison. The peak of bytes kept for backward (``helpers.memory.SavedTensorMeter``)
+    is measured during a second step: a new ``PipelineStage``'s first step also runs one
+    micro-batch forward and backward to infer shapes, which raises the first step's peak.
     """
-    pipe = stage_pipeline(module, rank, schedule, m, lr)
-    proof = prove_step(pipe, reference, images, labels, m, lr)
+    proof, ref = prove_step_locally(pipe, reference, images, labels, m, lr, first_param)
+    module = next(iter(pipe.chunks.values()))
     with SavedTensorMeter(module) as meter:
         train_step(pipe, images, labels, mean_loss=True)
     peaks: list | None = [None] * rank.world_size if rank.rank == 0 else None
     dist.gather_object(meter.peak.get(str(rank.device), 0), peaks, dst=0)
     if proof is None or peaks is None:
-        return None
+        return None, ref
     c = proof.comparison
     return {
-        "schedule": schedule,
         "microbatches": m,
         "loss_pipelined": proof.loss_pipelined,
         "loss_reference": proof.loss_reference,
@@ -79,7 +87,7 @@ def check_run(
         "worst_grad": c.worst_grad,
         "worst_weight": c.worst_weight,
         "peak_activation_bytes": peaks,
-    }
+    }, ref
 
 
 def time_run(
@@ -98,40 +106,86 @@ def time_run(
     return times
 
 
+def time_baselines(
+    model: nn.Module, rank: Rank, images: torch.Tensor, labels: torch.Tensor, args: PipelineConfig
+) -> dict[str, list[float]] | None:
+    """One process's whole-model step, timed on rank 0 while the other ranks wait in a barrier.
+
+    ``single``: one thread, as each stage process has (the pipeline's one-device baseline);
+    ``single_threads``: one thread per stage (the fair competitor for K cores). ``args.warmup``
+    untimed steps come first; they also warm the model up for the K-thread steps. Rank 0
+    gets both; the others None.
+    """
+    times: dict[str, list[float]] = {"single": [], "single_threads": []}
+    if rank.rank == 0:
+        step = training_step_fn(model, images, labels, args.lr)
+        threads = torch.get_num_threads()
+        try:
+            # the one-thread steps warm the model up for the K-thread ones (same shapes)
+            for key, n, warmup in (("single", args.threads, args.warmup),
+                                   ("single_threads", rank.world_size, 0)):
+                torch.set_num_threads(n)
+                for i in range(warmup + args.steps):
+                    start = synchronized_clock()
+                    step()
+                    if i >= warmup:
+                        times[key].append(synchronized_clock() - start)
+        finally:
+            torch.set_num_threads(threads)
+    dist.barrier()
+    return times if rank.rank == 0 else None
+
+
 def main(argv: list[str] | None = None) -> None:
     args = PipelineConfig.from_args(argv)
     with process_group(MODULE) as rank:
+        validate_stage_count(args.stages, rank.world_size)
         torch.set_num_threads(args.threads)
         torch.manual_seed(args.seed)
         model = resnet50(args.num_classes)
-        reference = copy.deepcopy(model) if args.check and rank.rank == 0 else None
+        whole = copy.deepcopy(model) if args.baselines or args.check else None
         layers = resnet_layers(model, blocks=True)
         stages = split_layers(layers, split_points_at(layers, list(args.split)))
-        validate_stage_count(len(stages), rank.world_size)
         module = stages[rank.rank].to(rank.device)
+        first_param = sum(len(list(stage.parameters())) for stage in stages[: rank.rank])
         images, labels = (t.to(rank.device) for t in same_batch(args))
+        timed_batch = tuple(t.to(rank.device) for t in same_batch(args, args.timing_size))
         result: dict = {
             "stages": rank.world_size,
             "backend": rank.backend,
             "split": ",".join(args.split),
             "batch": args.batch,
             "image_size": args.image_size,
+            "time_image_size": args.timing_size,
             "runs": [],
+            "checks": [],
         }
-        if args.check:  # every schedule that is timed is first proven, from the same weights
-            start = copy.deepcopy(module.state_dict())
-            result["checks"] = []
-            for schedule, m in dict.fromkeys(args.runs):
-                module.load_state_dict(start)
-                ref = copy.deepcopy(reference) if reference is not None else None
-                result["checks"].append(
-                    check_run(module, rank, ref, images, labels, schedule, m, lr=args.lr)
-                )
-            module.load_state_dict(start)
-        for schedule, m in args.runs:
+        start = copy.deepcopy(module.state_dict())
+        references: dict[int, StepResult] = {}  # the one-process step at each M
+        for schedule, m in dict.fromkeys(args.runs):
+            module.load_state_dict(start)  # every run is proven from the same weights
             pipe = stage_pipeline(module, rank, schedule, m, args.lr)
-            times = time_run(pipe, images, labels, args.steps, args.warmup)
-            result["runs"].append({"schedule": schedule, "microbatches": m, "times_s": times})
+            warmup = args.warmup
+            if args.check:  # proof and memory step, which also warm the pipeline up
+                ref = references.get(m) or copy.deepcopy(whole).to(rank.device)
+                check, references[m] = check_run(
+                    pipe, rank, ref, images, labels, m, args.lr, first_param)
+                if check is not None:
+                    result["checks"].append({"schedule": schedule, **check})
+            else:
+                warmup = max(warmup, 1)  # a new stage's first step infers shapes
+            if (schedule, m) in args.timed_runs:
+                if args.timing_size != args.image_size:  # new shapes: a new pipeline
+                    module.load_state_dict(start)
+                    pipe = stage_pipeline(module, rank, schedule, m, args.lr)
+                    warmup = max(args.warmup, 1)
+                times = time_run(pipe, *timed_batch, args.steps, warmup)
+                result["runs"].append({"schedule": schedule, "microbatches": m, "times_s": times})
+        module.load_state_dict(start)
+        if args.baselines:
+            result["baselines"] = time_baselines(whole.to(rank.device), rank, *timed_batch, args)
+        if not args.check:
+            del result["checks"]
         write_result(rank, result)
 
 
@@ -140,3 +194,4 @@ if __name__ == "__main__":
         main()
     except NotUnderTorchrunError as error:
         sys.exit(f"{MODULE}: error: {error}")
+    exit_worker(0)  # skip the interpreter's teardown: torchrun waits for every rank's

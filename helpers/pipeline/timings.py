@@ -8,7 +8,7 @@ stage process, and the whole model runs once more with as many threads as there 
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -20,8 +20,11 @@ from helpers.model_parallel.stages import StagedModel
 from helpers.pipeline.schedule import MicroBatchPipeline
 
 
-def _step_fn(model: nn.Module, images: torch.Tensor, labels: torch.Tensor):
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+def training_step_fn(
+    model: nn.Module, images: torch.Tensor, labels: torch.Tensor, lr: float = 0.01
+) -> Callable[[], None]:
+    """One SGD training step of ``model`` on this batch (MSE loss), as a function to time."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     loss_fn = nn.MSELoss()
 
     def step() -> None:
@@ -115,12 +118,12 @@ def in_process_timings(
         if on_cpu:
             torch.set_num_threads(1)
         for key, label, model, out_device in variants:
-            step = _step_fn(model, images, labels.to(out_device))
+            step = training_step_fn(model, images, labels.to(out_device))
             timings[key] = measure(step, repeats=repeats, warmup=warmup, label=label, progress=True)
         if on_cpu:
             torch.set_num_threads(stages)
             timings["single_threads"] = measure(
-                _step_fn(single, images, labels),
+                training_step_fn(single, images, labels),
                 repeats=repeats,
                 warmup=warmup,
                 label=f"single process, {stages} threads",

@@ -7,7 +7,8 @@ lesson's launches) reads its sizes, seed, device and backend from a ``DemoConfig
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict, astuple, dataclass, fields
+from collections.abc import Sequence
+from dataclasses import asdict, astuple, dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -134,6 +135,29 @@ class RunOptions:
         if ns.activation not in ACTIVATIONS:
             raise ValueError(f"--activation {ns.activation!r}; valid: {', '.join(ACTIVATIONS)}")
         return cls(ns.train_step, ns.activation, ns.lr, ns.dtensor, wide)
+
+
+def sweep_world_sizes(config: DemoConfig, world_sizes: Sequence[int]) -> tuple[int, ...]:
+    """The world sizes of one sweep launch (``ffn_worker --sweep``), checked.
+
+    Distinct integers >= 1, each dividing ``ffn_size``; each world size reads its shards
+    from its own folder, ``config.folder(p)``, so ``shard_dir`` (one folder) is refused.
+    """
+    sizes = tuple(world_sizes)
+    if (
+        not sizes
+        or len(set(sizes)) < len(sizes)
+        or not all(isinstance(p, int) and p >= 1 for p in sizes)
+    ):
+        raise ValueError(f"world sizes {list(sizes)}; valid: distinct integers >= 1, e.g. 1,2,4")
+    if config.shard_dir is not None:
+        raise ValueError(
+            f"--shard_dir {config.shard_dir} is one folder, but a sweep reads each world "
+            "size's shards from its own (results/tp_shards/..._world{p}); valid: no --shard_dir"
+        )
+    for p in sizes:
+        replace(config, world_size=p).validate()
+    return sizes
 
 
 def build_model(config: DemoConfig, activation: str = "none") -> FeedForward:

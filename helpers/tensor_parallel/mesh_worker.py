@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import sys
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +23,13 @@ from torch.distributed.tensor.parallel import parallelize_module
 
 from helpers.core.checks import Proof
 from helpers.core.devices import resolve_dtype
-from helpers.distributed.ranks import max_over_ranks, process_group, worker_main, write_result
+from helpers.distributed.ranks import (
+    exit_worker,
+    max_over_ranks,
+    process_group,
+    worker_main,
+    write_result,
+)
 from helpers.tensor_parallel.block import shard_vs_full
 from helpers.tensor_parallel.config import DemoConfig, build_model, parser
 from helpers.tensor_parallel.proofs import output_tolerance
@@ -154,4 +159,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_worker(main())

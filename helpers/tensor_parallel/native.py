@@ -27,13 +27,17 @@ def info_line(tag: str, out: torch.Tensor, total: float, timing: Timing | None =
     return line
 
 
-def run_native_mode(config: DemoConfig, *, verbose: bool = True) -> dict:
-    """Native mode: time the FFN, write the shards, check the one-process simulation."""
+def run_native_mode(config: DemoConfig, *, verbose: bool = True, write: bool = True) -> dict:
+    """Native mode: time the FFN, write the shards, check the one-process simulation.
+
+    ``write=False`` reads shards written before (as ``ffn_worker --sweep``'s rank 0 does).
+    """
     config.validate()
     device, dtype = resolve_device(config.device), resolve_dtype(config.dtype)
     p, folder = config.world_size, config.folder()
     model = build_model(config)  # float32 on the CPU: the shard bytes do not depend on --device
-    write_shards(model, p, folder)
+    if write:
+        write_shards(model, p, folder)
     x = config.input_batch(dtype, device)
     model = model.to(device, dtype).eval()
     with torch.inference_mode():

@@ -4,7 +4,9 @@ Timing ``g(shard(f(x)))`` with the all-reduce apart (``timed_forward``), proving
 output against the native FFN (``native_diff``), one SGD step through f and g proven
 against the one-process step (``train_step_check``), the rank's memory ledger
 (``rank_memory``) and the forward timed at a second, wider size (``wide_timing``), where
-each rank's share of the matrix products outweighs the all-reduce.
+each rank's share of the matrix products outweighs the all-reduce. Every collective runs
+in the rank's group (``Rank.group``): the whole world, or the first p ranks of a larger
+launch (``helpers.distributed.ranks.first_ranks``).
 """
 
 from __future__ import annotations
@@ -30,16 +32,16 @@ from helpers.tensor_parallel.results import TrainStep, WideRun
 from helpers.tensor_parallel.shards import load_shard
 
 
-def timed_forward(shard: nn.Module, x: torch.Tensor, iters: int, warmup: int):
-    """``g(shard(f(x)))`` ``iters`` times; the clock is read before, between and after."""
+def timed_forward(shard: nn.Module, x: torch.Tensor, iters: int, warmup: int, group=None):
+    """``g(shard(f(x)))`` ``iters`` times in ``group``; the clock is read before, between, after."""
     compute, reduce, total = [], [], []
     with torch.no_grad():
         for i in range(iters):
-            dist.barrier()
+            dist.barrier(group=group)
             t0 = synchronized_clock()
-            partial = shard(f(x))  # this rank's partial output: no communication
+            partial = shard(f(x, group))  # this rank's partial output: no communication
             t1 = synchronized_clock()
-            out = g(partial)  # the sum over ranks
+            out = g(partial, group)  # the sum over the group's ranks
             t2 = synchronized_clock()
             if i >= warmup:
                 compute.append(t1 - t0)
@@ -69,7 +71,7 @@ def train_step_check(config: DemoConfig, rank: Rank, activation: str, lr: float)
     ).to(rank.device)  # fmt: skip
     results = {}
     for name, model, forward in (
-        ("tp", shard, lambda m, x: tp_forward(m, x)),
+        ("tp", shard, lambda m, x: tp_forward(m, x, rank.group)),
         ("full", full, lambda m, x: m(x)),
     ):
         x = config.input_batch(torch.float32, rank.device).requires_grad_()
@@ -100,12 +102,12 @@ def train_step_check(config: DemoConfig, rank: Rank, activation: str, lr: float)
 class TensorParallelFFN(nn.Module):
     """A rank's whole forward, ``g(shard(f(x)))``, as one module (to measure its memory)."""
 
-    def __init__(self, shard: nn.Module) -> None:
+    def __init__(self, shard: nn.Module, group=None) -> None:
         super().__init__()
-        self.shard = shard
+        self.shard, self.group = shard, group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return tp_forward(self.shard, x)
+        return tp_forward(self.shard, x, self.group)
 
 
 def rank_memory(config: DemoConfig, rank: Rank, shard: nn.Module) -> Ledger:
@@ -114,7 +116,7 @@ def rank_memory(config: DemoConfig, rank: Rank, shard: nn.Module) -> Ledger:
     ``helpers.memory.measure_training_memory`` on the rank's own process: what this rank
     holds, measured where it is held (weights and grads of its shard; activations it keeps).
     """
-    model = TensorParallelFFN(copy.deepcopy(shard).float())
+    model = TensorParallelFFN(copy.deepcopy(shard).float(), rank.group)
     x = config.input_batch(torch.float32, rank.device)
     target = torch.zeros_like(x)  # the values do not change the bytes
     return measure_training_memory(model, x, target)
@@ -131,7 +133,7 @@ def wide_timing(sizes: FFNSizes, rank: Rank, dtype: torch.dtype, seed: int) -> W
     shard = cut(full, rank.world_size, rank.rank)
     x = make_input(sizes.batch_size, sizes.seq_len, sizes.hidden_size, dtype=dtype,
                    device=rank.device, seed=seed)  # fmt: skip
-    out, compute, reduce, total = timed_forward(shard, x, sizes.iters, sizes.warmup)
+    out, compute, reduce, total = timed_forward(shard, x, sizes.iters, sizes.warmup, rank.group)
     diff = tol = 0.0
     if rank.rank == 0:
         with torch.no_grad():

@@ -33,6 +33,21 @@ class NativeRun:
     timing: Timing
     simulate: Proof  # the ranks as a loop in this one process, against the whole FFN
 
+    def as_dict(self) -> dict:
+        """The fields of ``tp_demo``'s native JSON that ``from_dict`` reads back."""
+        return {
+            "mode": "native",
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "checksum": self.checksum,
+            "abs_sum": self.abs_sum,
+            "checksum_tolerance": checksum_tolerance(self.abs_sum, self.dtype),
+            "tp_simulate_max_diff": self.simulate.max_diff,
+            "tp_simulate_tolerance": self.simulate.tolerance,
+            "tp_simulate_agrees": self.simulate.ok,
+            **self.timing.as_dict(),
+        }
+
     @classmethod
     def from_dict(cls, d: dict) -> NativeRun:
         simulate = Proof("tp_simulate", d["tp_simulate_max_diff"], d["tp_simulate_tolerance"])
@@ -183,3 +198,32 @@ class TPRun:
             raise ValueError("this run took no training step; launch it with train_step=True")
         lines = [f"p={self.world_size}: one SGD step (lr {s.lr}), activation {s.activation}"]
         return "\n".join(lines + ["  " + p.line(11) for p in s.proofs])
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    """One launch of max(p) ranks (``ffn_worker --sweep``): rank 0's native run, then for
+    each world size p the tensor-parallel run of ranks 0 .. p-1, a group of their own."""
+
+    native: NativeRun  # on rank 0, in the same kind of process as the runs
+    runs: dict[int, TPRun]  # world size p -> the result of the group of ranks 0 .. p-1
+    work_s: float = 0.0  # rank 0's wall time from native's start to the result: no start-up
+
+    @property
+    def ok(self) -> bool:
+        """tp_simulate, and every world size's output, agree with native."""
+        return self.native.simulate.ok and all(r.agrees(self.native) for r in self.runs.values())
+
+    def as_dict(self) -> dict:
+        return {
+            "mode": "sweep",
+            "world_sizes": list(self.runs),
+            "native": self.native.as_dict(),
+            "runs": {str(p): r.as_dict() for p, r in self.runs.items()},  # JSON keys are strings
+            "work_s": self.work_s,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SweepRun:
+        runs = {int(p): TPRun.from_dict(r) for p, r in d["runs"].items()}
+        return cls(NativeRun.from_dict(d["native"]), runs, d["work_s"])

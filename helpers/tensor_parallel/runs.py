@@ -2,6 +2,9 @@
 
 Every run goes through ``helpers.distributed.launcher.launch`` (one process per rank,
 one thread each on a CPU), the native baseline included, so all are measured alike.
+``launch_sweep`` does the lesson's in one launch of max(p) ranks: native on rank 0,
+then each world size p on the group of ranks 0 .. p-1; ``launch_native`` and
+``launch_tp`` launch one of them alone.
 """
 
 from __future__ import annotations
@@ -16,10 +19,10 @@ from helpers.core.profiles import get_profile
 from helpers.core.timing import Timing, measure
 from helpers.distributed.launcher import launch
 from helpers.distributed.multinode import launch_nodes
-from helpers.tensor_parallel.config import DemoConfig, RunOptions, build_model
+from helpers.tensor_parallel.config import DemoConfig, RunOptions, build_model, sweep_world_sizes
 from helpers.tensor_parallel.ffn import tp_simulate
 from helpers.tensor_parallel.mesh_worker import MeshOptions, MeshRun
-from helpers.tensor_parallel.results import NativeRun, TPRun
+from helpers.tensor_parallel.results import NativeRun, SweepRun, TPRun
 from helpers.tensor_parallel.shards import load_shard, write_shards
 
 WORLD_SIZES = (1, 2, 4)
@@ -70,6 +73,30 @@ def launch_tp(
     )
     worker = "helpers.tensor_parallel.ffn_worker"
     return TPRun.from_dict(launch(worker, args, nproc=world_size, timeout=timeout, port=port))
+
+
+def launch_sweep(
+    config: DemoConfig,
+    world_sizes: Sequence[int] = WORLD_SIZES,
+    options: RunOptions | None = None,
+    *,
+    timeout: float = 600,
+) -> SweepRun:
+    """One launch of max(world_sizes) ranks: native, then every world size; rank 0's result.
+
+    Rank 0 runs the native FFN and its ``tp_simulate`` check (``tp_demo``'s native mode,
+    on the largest world size's shards) while the others wait; then for each p the ranks
+    0 .. p-1, a process group of their own, do what ``launch_tp(config, p, options)``
+    does, every collective in that group, while the rest wait. ``options`` apply to every
+    world size, except ``dtensor``: only the whole world runs ``parallelize_module``. The
+    shards must be written first (``write_all_shards``); p reads ``config.folder(p)``.
+    """
+    sizes = sweep_world_sizes(config, world_sizes)
+    world = max(sizes)
+    args = replace(config, world_size=world, mode="tp").args() + (options or RunOptions()).args()
+    args += ["--sweep", ",".join(map(str, sizes))]
+    worker = "helpers.tensor_parallel.ffn_worker"
+    return SweepRun.from_dict(launch(worker, args, nproc=world, timeout=timeout))
 
 
 def launch_mesh(
@@ -211,8 +238,7 @@ class Sweep:
 def tp_sweep(
     config: DemoConfig, world_sizes: Sequence[int] = WORLD_SIZES, options: RunOptions | None = None
 ) -> Sweep:
-    """Shards, native, tp for each world size, and tp_simulate timings: one run's numbers."""
+    """Shards, one launch (native and tp for each world size), tp_simulate timings."""
     write_all_shards(config, world_sizes)
-    native = launch_native(replace(config, world_size=max(world_sizes)))
-    runs = {p: launch_tp(config, p, options) for p in world_sizes}
-    return Sweep(native, runs, {p: time_simulate(config, p) for p in world_sizes})
+    run = launch_sweep(config, world_sizes, options)
+    return Sweep(run.native, run.runs, {p: time_simulate(config, p) for p in world_sizes})
