@@ -32,8 +32,8 @@ The lessons
   (what any tensor-parallel block provides), ``tensor_parallel.proofs``,
   ``tensor_parallel.shards``, ``tensor_parallel.config``, ``tensor_parallel.native``: the
   Megatron split of an FFN and its shard files.
-- 07 ``tensor_parallel.ffn_worker``, ``tensor_parallel.dtensor_worker``,
-  ``tensor_parallel.mesh_worker`` (torchrun entry points, named ``*_worker``),
+- 07 ``tensor_parallel.ffn_worker`` and ``tensor_parallel.mesh_worker`` (torchrun entry
+  points, named ``*_worker``; ``rank_work`` and ``dtensor``: what a rank does in them),
   ``tensor_parallel.runs`` (their launches, on one node or several) and
   ``tensor_parallel.results`` (the typed results they return).
 - every lesson ``memory``: ``ledger``, ``measure`` and ``saved`` (one step, counted),

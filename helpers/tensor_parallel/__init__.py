@@ -5,6 +5,7 @@ Taught: ``ffn`` (the split: column-parallel fc1, row-parallel fc2), ``comm`` (f 
 proofs: its split weights, a rank's shard, its DTensor plan, its sizes), ``shards`` (one
 file per rank and split weight, checked on load) and ``proofs`` (the tolerances).
 Running the lessons: ``config`` (the source's flags), ``native`` (its native mode), the
-torchrun entry points ``ffn_worker``, ``dtensor_worker`` and ``mesh_worker``, ``runs``
+torchrun entry points ``ffn_worker`` and ``mesh_worker``, ``rank_work`` and ``dtensor`` (what
+a rank does in them), ``runs``
 (their launches) and ``results`` (the typed results the workers return).
 """
