@@ -120,3 +120,15 @@ def test_report_marks_each_difference_against_the_tolerance():
     both = StepComparison(1.0, 0.0, 1.0, 0.0, "g", "w")
     with pytest.raises(AssertionError, match=r"tolerance 0\.5: outputs, gradients \(worst: g\)\n"):
         both.check(0.5)
+
+
+def test_a_proof_decides_its_verdict_once_and_round_trips():
+    from helpers.core.checks import Proof
+
+    at = Proof("grads", 1e-6, 1e-6)  # at the tolerance: still OK
+    over = Proof("weights", 2e-6, 1e-6)
+    assert at.ok and not over.ok
+    assert at.line() == "grads        max |diff| ≈ 1.0e-06  tolerance ≈ 1.0e-06  OK"
+    assert over.line(width=8) == "weights  max |diff| ≈ 2.0e-06  tolerance ≈ 1.0e-06  FAILED"
+    assert over.as_dict() == {"what": "weights", "max_diff": 2e-6, "tolerance": 1e-6}
+    assert Proof.from_dict(over.as_dict()) == over

@@ -175,3 +175,12 @@ def test_saved_activations_are_counted_once_per_stage_without_the_weights():
         StagedModel([("a", _Where()), ("b", where)], [1], [CPU, META]), x
     ) == [0, 0]
     assert where.seen == [META]  # the activation went to the next stage's device
+
+
+def test_the_layer_chain_is_every_stage_in_order_with_its_split_points():
+    """What helpers.memory's estimator reads: the layers in forward order, cut between stages."""
+    layers = [nn.Linear(4, 4) for _ in range(6)]
+    staged = StagedModel([(f"l{i}", m) for i, m in enumerate(layers)], [2, 5],
+                         [torch.device("cpu")] * 3)
+    chain, points = staged.layer_chain()
+    assert [id(m) for m in chain] == [id(m) for m in layers] and points == [2, 5]
