@@ -112,7 +112,7 @@ class ProvenStep:
 
 def prove_step(
     pipe: RankPipeline,
-    reference: nn.Module | StepResult | None,
+    reference: nn.Module | None,
     inputs: torch.Tensor,
     target: torch.Tensor,
     microbatches: int,
@@ -123,9 +123,6 @@ def prove_step(
     Every rank sends its chunks' named gradients and updated weights (the last rank also
     the output) to rank 0, which takes the step with ``reference`` (the whole model with
     the same starting weights, rank 0 only) and compares; the other ranks get None.
-    ``reference`` may also be the ``StepResult`` of an earlier proof from the same starting
-    weights and the same micro-batches (``ProvenStep.reference``): another schedule at the
-    same M must match the same one-process step, which need not run twice.
     """
     output, loss = train_step(pipe, inputs, target, mean_loss=True)
     mine = (
@@ -136,8 +133,7 @@ def prove_step(
     dist.gather_object(mine, gathered, dst=0)
     if gathered is None or reference is None:
         return None
-    ref = (reference if isinstance(reference, StepResult)
-           else accumulated_step(reference, inputs.cpu(), target.cpu(), microbatches, lr=lr))
+    ref = accumulated_step(reference, inputs.cpu(), target.cpu(), microbatches, lr=lr)
     chunks = {index: named for snapshots, _ in gathered for index, named in snapshots.items()}
     in_order = [chunks[index] for index in sorted(chunks)]  # chunk 0, 1, ...: the model's order
     piped = StepResult(
