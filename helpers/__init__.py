@@ -28,11 +28,11 @@ The lessons
 - 05 ``placement.sizing``, ``placement.strategies``, ``placement.planner``, ``placement.report``,
   ``placement.offload``, ``placement.tiny_lm``: ``device_map`` strategies by hand and with
   accelerate.
-- 06 ``tensor_parallel.ffn``, ``tensor_parallel.comm`` (f and g), ``tensor_parallel.block``
+- 07 ``tensor_parallel.ffn``, ``tensor_parallel.comm`` (f and g), ``tensor_parallel.block``
   (what any tensor-parallel block provides), ``tensor_parallel.proofs``,
   ``tensor_parallel.shards``, ``tensor_parallel.config``, ``tensor_parallel.native``: the
   Megatron split of an FFN and its shard files.
-- 07 ``tensor_parallel.ffn_worker`` and ``tensor_parallel.mesh_worker`` (torchrun entry
+- 08 ``tensor_parallel.ffn_worker`` and ``tensor_parallel.mesh_worker`` (torchrun entry
   points, named ``*_worker``; ``rank_work`` and ``dtensor``: what a rank does in them),
   ``tensor_parallel.runs`` (their launches, on one node or several) and
   ``tensor_parallel.results`` (the typed results they return).
@@ -41,7 +41,7 @@ The lessons
   ``fits`` (what fits where), ``plots``.
 - every lesson ``exercises``: ``feedback`` (the verdicts and the ``checker`` decorator), one
   checker module per topic (``model_parallel`` 01-02, ``pipeline`` 03-04, ``placement`` 05,
-  ``tensor_parallel`` 06, ``torchrun`` 07), ``two_ranks`` (a real gloo group as threads) and
+  ``tensor_parallel`` 07, ``torchrun`` 08), ``two_ranks`` (a real gloo group as threads) and
   ``solutions`` (the reference answers in solutions/).
 - ``tp_demo``: the source script's command line, a thin layer over ``tensor_parallel``.
 """

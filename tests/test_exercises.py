@@ -110,13 +110,13 @@ WRONG = {
     "05.1": (_no_reserve, "largest layer"),
     "05.2": (lambda device_map, sizes: sum(sizes[n] for n, d in device_map.items() if d == "disk"),
              "CPU memory"),
-    "06.1": (lambda fc1, fc2, rank, p: (fc1[:, rank * 2:(rank + 1) * 2], fc2), "shape"),
-    "06.2": (_Identity, "partial output"),
-    "06.3": (lambda t, h, p, layers: layers * 2 * (p - 1) / p * t * h * 4, "backward"),
-    "07.1": (NODE0, "second machine"),
-    "07.2": (8, "fewer stages"),
+    "07.1": (lambda fc1, fc2, rank, p: (fc1[:, rank * 2:(rank + 1) * 2], fc2), "shape"),
+    "07.2": (_Identity, "partial output"),
+    "07.3": (lambda t, h, p, layers: layers * 2 * (p - 1) / p * t * h * 4, "backward"),
+    "08.1": (NODE0, "second machine"),
+    "08.2": (8, "fewer stages"),
 }
-PLACEHOLDERS = {"06.2": _Unsolved, "03.2": ..., "07.1": ..., "07.2": ...}
+PLACEHOLDERS = {"07.2": _Unsolved, "03.2": ..., "08.1": ..., "08.2": ...}
 
 
 def test_every_exercise_has_a_checker_a_wrong_answer_and_a_solution():
@@ -169,9 +169,9 @@ def test_a_value_where_a_function_belongs_is_reported():
 
 def test_bad_shapes_of_answers_are_reported():
     assert "expected a whole number" in check("03.2", 2.5).message
-    assert "Expected a list of strings" in check("07.1", "--nnodes=2").message
-    assert "torchrun refuses" in check("07.1", ["--nnodes=2", "--bogus"]).message
-    assert "starts with 'torchrun'" in check("07.1", ["torchrun", *NODE0]).message
+    assert "Expected a list of strings" in check("08.1", "--nnodes=2").message
+    assert "torchrun refuses" in check("08.1", ["--nnodes=2", "--bogus"]).message
+    assert "starts with 'torchrun'" in check("08.1", ["torchrun", *NODE0]).message
     assert "two indices" in check("02.1", lambda costs: 3).message
     assert "invalid max_memory" in check("05.1", lambda sizes: {"gpu": 1}).message
 
@@ -196,13 +196,13 @@ def test_the_checker_decorator_turns_outcomes_into_feedback():
 
 
 def test_show_solution_prints_one_section_and_refuses_bad_ids():
-    text = repr(show_solution("06.2"))
-    assert text.startswith("# %% Exercise 06.2") and "class AllReduceSum" in text
-    assert "06.3" not in text and "ANSWERS" not in text
+    text = repr(show_solution("07.2"))
+    assert text.startswith("# %% Exercise 07.2") and "class AllReduceSum" in text
+    assert "07.3" not in text and "ANSWERS" not in text
     with pytest.raises(ValueError, match="valid: 'NN.k'"):
         show_solution("6.2")
-    with pytest.raises(ValueError, match="has no exercise '06.9'"):
-        show_solution("06.9")
+    with pytest.raises(ValueError, match="has no exercise '07.9'"):
+        show_solution("07.9")
     with pytest.raises(ValueError, match="no single solutions file for lesson 42"):
         show_solution("42.1")
 

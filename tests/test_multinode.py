@@ -34,7 +34,7 @@ def nodes(tmp_path):
 
 @pytest.mark.torchrun
 def test_two_nodes_form_one_world(nodes):
-    """Static rendezvous, 2 x 1 (lesson 07 runs c10d, 2 x 2, under nbval: its mesh run)."""
+    """Static rendezvous, 2 x 1 (lesson 08 runs c10d, 2 x 2, under nbval: its mesh run)."""
     result = nodes(nnodes=2, nproc_per_node=1, rendezvous="static")
     world = 2
     assert result["world"] == world and result["sum"] == world * (world + 1) / 2
@@ -51,7 +51,7 @@ def test_a_failing_rank_on_the_second_node_is_named(nodes):
 
 @pytest.mark.torchrun
 def test_a_node_that_never_comes_ends_in_a_rendezvous_timeout(nodes):
-    """c10d (lesson 07 shows the static case under nbval, bounded in time the same way)."""
+    """c10d (lesson 08 shows the static case under nbval, bounded in time the same way)."""
     rendezvous = "c10d"
     start = time.monotonic()
     with pytest.raises(

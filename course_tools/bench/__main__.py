@@ -25,7 +25,7 @@ def _pipeline() -> dict:
 
 
 def _tp() -> dict:
-    from course_tools.bench.sections import tp_section  # lesson 07
+    from course_tools.bench.sections import tp_section  # lesson 08
 
     return tp_section()
 
@@ -37,7 +37,7 @@ def _schedules() -> dict:
 
 
 def _memory() -> dict:
-    from course_tools.bench.memory import memory_section  # lessons 01-07's ledgers
+    from course_tools.bench.memory import memory_section  # lessons 01-08's ledgers
 
     return memory_section()
 

@@ -1,4 +1,4 @@
-"""``make bench``'s sections for lessons 03, 04 and 07: each lesson's run at a larger size
+"""``make bench``'s sections for lessons 03, 04 and 08: each lesson's run at a larger size
 (lesson 03's also sweeps M and draws it, ``results/split_size_tradeoff.png``).
 
 Each section is measured within one run, so its ratios compare like with like.

@@ -1,4 +1,4 @@
-"""Step 7 of ``make gpu-check``: lessons 06-07's tensor-parallel FFN.
+"""Step 7 of ``make gpu-check``: lessons 07-08's tensor-parallel FFN.
 
 The source's ``tp_demo`` command, the shards, tp ranks (NCCL, one GPU per rank) with a
 training step, and DTensor, each proven equal to the native FFN; native vs tp timings.
@@ -68,7 +68,7 @@ def tp_world_sizes(ctx: Context) -> list[int]:
     """1 and every power of two up to the GPU count (one GPU per rank).
 
     The smoke run takes world size 1 on gloo: the path a one-GPU machine takes with NCCL
-    (two gloo ranks are lesson 07's and the unit tests' own; the pipeline step launches two).
+    (two gloo ranks are lesson 08's and the unit tests' own; the pipeline step launches two).
     """
     if ctx.device_type == "cpu":
         return [1]

@@ -61,7 +61,7 @@ class ScheduleSizes:
 
 @dataclass(frozen=True)
 class FFNSizes:
-    """Lessons 06 and 07: the tensor-parallel FFN, in the source script's flag names."""
+    """Lessons 07 and 08: the tensor-parallel FFN, in the source script's flag names."""
 
     hidden_size: int
     ffn_size: int
@@ -99,7 +99,7 @@ class Profile:
     pipeline: PipelineSizes
     schedules: ScheduleSizes
     ffn: FFNSizes
-    wide_ffn: FFNSizes  # lesson 07 also times the forward here: wide enough for p = 2 to pay
+    wide_ffn: FFNSizes  # lesson 08 also times the forward here: wide enough for p = 2 to pay
     lm: LMSizes
 
     def describe(self, topic: str | None = None) -> str:

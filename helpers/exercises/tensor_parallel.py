@@ -1,4 +1,4 @@
-"""Checkers for lesson 06 (the tensor-parallel FFN)."""
+"""Checkers for lesson 07 (the tensor-parallel FFN)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def _ffn(hidden: int = 8, ffn: int = 16, seed: int = 0) -> FeedForward:
     return FeedForward(hidden, ffn)
 
 
-@checker("06.1", "Write the body of my_shard(fc1_weight, fc2_weight, rank, world_size), then run "
+@checker("07.1", "Write the body of my_shard(fc1_weight, fc2_weight, rank, world_size), then run "
                  "this cell again.")
 def check_my_shard(my_shard: Callable) -> str:
     """A rank's slices of fc1 and fc2, against ``split_weights``."""
@@ -73,7 +73,7 @@ def _rank_step(G: type, model: FeedForward, x: torch.Tensor, world_size: int):
     return work
 
 
-@checker("06.2", "Write forward and backward of AllReduceSum, then run this cell again.")
+@checker("07.2", "Write forward and backward of AllReduceSum, then run this cell again.")
 def check_g(G: type) -> str:
     """``G.apply(partial, group)`` as Megatron's g, in a 2-rank gloo group (threads)."""
     given(G)
@@ -152,7 +152,7 @@ def measured_step_bytes(tokens: int, hidden: int, world_size: int, layers: int) 
     return sent[0]
 
 
-@checker("06.3", "Write the body of step_bytes(tokens, hidden, world_size, layers), then run "
+@checker("07.3", "Write the body of step_bytes(tokens, hidden, world_size, layers), then run "
                  "this cell again.")
 def check_step_bytes(step_bytes: Callable[[int, int, int, int], float]) -> str:
     """Bytes one rank sends in a training step, against all-reduces counted in a real run."""

@@ -1,4 +1,4 @@
-"""Checkers for lesson 07 (``torchrun`` launches, and what fits on real GPUs)."""
+"""Checkers for lesson 08 (``torchrun`` launches, and what fits on real GPUs)."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def _flag_value(args: Sequence[str], flag: str) -> str | None:
     return None
 
 
-@checker("07.1", "Set node1_args to the list of torchrun's arguments, then run this cell again.")
+@checker("08.1", "Set node1_args to the list of torchrun's arguments, then run this cell again.")
 def check_node1_args(node1_args: Sequence[str]) -> str:
     """The second machine's ``torchrun`` arguments, read by torchrun's own parser."""
     parsed = parse_torchrun(given(node1_args))
@@ -86,7 +86,7 @@ def check_node1_args(node1_args: Sequence[str]) -> str:
 
 
 def fullest_gpu(pp: int) -> int:
-    """Bytes on the fullest GPU of Llama-70B under TP 8 x PP ``pp``, 1F1B (lesson 07's table)."""
+    """Bytes on the fullest GPU of Llama-70B under TP 8 x PP ``pp``, 1F1B (lesson 08's table)."""
     return per_gpu(LLAMA_70B_SHAPE, Layout(f"TP {TP} x PP {pp}", tp=TP, pp=pp), seq=SEQ).total
 
 
@@ -98,7 +98,7 @@ def fewest_stages() -> int:
     raise ValueError("no pipeline depth fits")
 
 
-@checker("07.2", "Set fewest_stages_70b to a number, then run this cell again.")
+@checker("08.2", "Set fewest_stages_70b to a number, then run this cell again.")
 def check_fewest_stages_70b(fewest_stages_70b: int) -> str:
     """The fewest 1F1B stages that, with TP 8, fit Llama-70B's training on 80 GiB cards."""
     got = given(fewest_stages_70b)

@@ -1,4 +1,4 @@
-"""Megatron-style tensor parallelism of the source's FFN, lessons 06 and 07.
+"""Megatron-style tensor parallelism of the source's FFN, lessons 07 and 08.
 
 Taught: ``ffn`` (the split: column-parallel fc1, row-parallel fc2), ``comm`` (f and g),
 ``block`` (what any tensor-parallel block gives the shard files, the workers and the

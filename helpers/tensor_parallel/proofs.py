@@ -12,7 +12,7 @@ import torch
 from helpers.core.checks import max_abs_diff
 from helpers.core.devices import resolve_dtype
 
-# Lesson 06's simulated training step: float32 sums in another order, each difference
+# Lesson 07's simulated training step: float32 sums in another order, each difference
 # relative to the largest value of its kind (gradients, weights, input gradient, loss).
 STEP_TOLERANCE = 1e-6
 

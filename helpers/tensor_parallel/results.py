@@ -1,4 +1,4 @@
-"""Lesson 07's contract with its torchrun workers: a ``DemoConfig`` in, a typed result out.
+"""Lesson 08's contract with its torchrun workers: a ``DemoConfig`` in, a typed result out.
 
 Every worker decides each proof's verdict once, on the ranks, as a ``Proof`` whose
 tolerance comes from :func:`helpers.tensor_parallel.proofs.output_tolerance`; rank 0

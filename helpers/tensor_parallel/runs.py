@@ -1,4 +1,4 @@
-"""Lesson 07's launches: the tensor-parallel FFN under ``torchrun`` for several world sizes.
+"""Lesson 08's launches: the tensor-parallel FFN under ``torchrun`` for several world sizes.
 
 Every run goes through ``helpers.distributed.launcher.launch`` (one process per rank,
 one thread each on a CPU), the native baseline included, so all are measured alike.

@@ -1,7 +1,7 @@
-"""Lesson 07's exercises, solved. Try them in the notebook first."""
+"""Lesson 08's exercises, solved. Try them in the notebook first."""
 
 
-# %% Exercise 07.1: torchrun on the second machine
+# %% Exercise 08.1: torchrun on the second machine
 node1_args = [
     "--nnodes=2", "--nproc-per-node=4", "--node-rank=1",
     "--master-addr=node0.example", "--master-port=29500",
@@ -9,7 +9,7 @@ node1_args = [
 ]
 
 
-# %% Exercise 07.2: Llama-70B on 80 GiB cards
+# %% Exercise 08.2: Llama-70B on 80 GiB cards
 # from helpers.memory import LLAMA_70B_SHAPE
 # from helpers.memory.fits import Layout, per_gpu
 # [pp for pp in range(1, 81)
@@ -17,4 +17,4 @@ node1_args = [
 fewest_stages_70b = 4
 
 
-ANSWERS = {"07.1": node1_args, "07.2": fewest_stages_70b}
+ANSWERS = {"08.1": node1_args, "08.2": fewest_stages_70b}
