@@ -28,6 +28,9 @@ The lessons
 - 05 ``placement.sizing``, ``placement.strategies``, ``placement.planner``, ``placement.report``,
   ``placement.offload``, ``placement.tiny_lm``: ``device_map`` strategies by hand and with
   accelerate.
+- 06 ``data_parallel``: ``collectives``, ``zero`` (ZeRO-1/2/3 by hand), ``ddp``, ``fsdp``,
+  run by ``data_parallel.worker`` (``config`` in, ``results`` out); ``memory.recompute`` and
+  ``memory.torch_trackers`` (PyTorch's own memory tracker beside the ledger).
 - 07 ``tensor_parallel.ffn``, ``tensor_parallel.comm`` (f and g), ``tensor_parallel.block``
   (what any tensor-parallel block provides), ``tensor_parallel.proofs``,
   ``tensor_parallel.shards``, ``tensor_parallel.config``, ``tensor_parallel.native``: the
@@ -40,7 +43,7 @@ The lessons
   ``estimate``, ``layer_rules`` and ``transformer`` (predicted from shapes), ``cuts``,
   ``fits`` (what fits where), ``plots``.
 - every lesson ``exercises``: ``feedback`` (the verdicts and the ``checker`` decorator), one
-  checker module per topic (``model_parallel`` 01-02, ``pipeline`` 03-04, ``placement`` 05,
+  checker module per topic (``model_parallel`` 01-02, ``pipeline`` 03-04, ``placement`` 05, ``data_parallel`` and ``collectives`` 06,
   ``tensor_parallel`` 07, ``torchrun`` 08), ``two_ranks`` (a real gloo group as threads) and
   ``solutions`` (the reference answers in solutions/).
 - ``tp_demo``: the source script's command line, a thin layer over ``tensor_parallel``.

@@ -19,7 +19,8 @@ from helpers.exercises.feedback import NotSolved, Wrong, answer, checker, given
 from helpers.exercises.solutions import SOLUTIONS_DIR, load_solutions, sections
 from helpers.exercises.two_ranks import run_ranks
 
-MODULES = ("model_parallel", "pipeline", "placement", "tensor_parallel", "torchrun")
+MODULES = ("collectives", "data_parallel", "model_parallel", "pipeline", "placement", "tensor_parallel",
+           "torchrun")
 LESSONS = sorted((REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
@@ -93,6 +94,13 @@ def _no_reserve(sizes):
             1: sum(sizes[b] for b in blocks[half:]) + sizes["norm"], "cpu": 2 * sizes["head"]}
 
 
+def _whole_sum(full, rank, world_size, group):
+    """A wrong reduce-scatter: the all-reduced tensor, every chunk of it."""
+    out = full.clone()
+    torch.distributed.all_reduce(out, group=group)
+    return out
+
+
 NODE0 = ["--nnodes=2", "--nproc-per-node=4", "--node-rank=0", "--master-addr=node0.example",
          "--master-port=29500", "-m", "helpers.tp_demo", "--mode", "tp", "--world_size", "8"]
 
@@ -110,13 +118,16 @@ WRONG = {
     "05.1": (_no_reserve, "largest layer"),
     "05.2": (lambda device_map, sizes: sum(sizes[n] for n, d in device_map.items() if d == "disk"),
              "CPU memory"),
+    "06.1": (lambda params, n: 4 * params + 12 * params // n, "ZeRO-1"),
+    "06.2": (0, "would need"),
+    "06.3": (_whole_sum, "whole sum"),
     "07.1": (lambda fc1, fc2, rank, p: (fc1[:, rank * 2:(rank + 1) * 2], fc2), "shape"),
     "07.2": (_Identity, "partial output"),
     "07.3": (lambda t, h, p, layers: layers * 2 * (p - 1) / p * t * h * 4, "backward"),
     "08.1": (NODE0, "second machine"),
     "08.2": (8, "fewer stages"),
 }
-PLACEHOLDERS = {"07.2": _Unsolved, "03.2": ..., "08.1": ..., "08.2": ...}
+PLACEHOLDERS = {"07.2": _Unsolved, "03.2": ..., "06.2": ..., "08.1": ..., "08.2": ...}
 
 
 def test_every_exercise_has_a_checker_a_wrong_answer_and_a_solution():
@@ -262,3 +273,126 @@ def test_every_lesson_ends_with_unsolved_exercises_and_further_reading(notebook)
     reading = [m for m in markdown if m.startswith("## Further reading")]
     assert len(reading) == 1 and len(re.findall(r"\]\(https://", reading[0])) >= 4
     assert markdown.index(reading[0]) > max(i for i, m in enumerate(markdown) if "## Exercises" in m)
+
+
+# Lesson 06: ZeRO's bytes, the smallest stage for Llama-7B, a reduce-scatter built by hand.
+
+def _chunk_of_all_reduce(full, group, world_size, pick):
+    out = full.clone()
+    torch.distributed.all_reduce(out, group=group)
+    return pick(out.chunk(world_size))
+
+
+def _next_chunk(full, rank, world_size, group):
+    return _chunk_of_all_reduce(full, group, world_size, lambda c: c[(rank + 1) % world_size])
+
+
+def _mean_chunk(full, rank, world_size, group):
+    return _chunk_of_all_reduce(full, group, world_size, lambda c: c[rank] / world_size)
+
+
+def _in_place(full, rank, world_size, group):
+    torch.distributed.all_reduce(full, group=group)
+    return full.chunk(world_size)[rank]
+
+
+def _all_send_first(full, rank, world_size, group):
+    chunks, buf = full.clone().chunk(world_size), torch.empty(full.numel() // world_size)
+    torch.distributed.send(chunks[rank - 1].contiguous(), (rank + 1) % world_size, group=group)
+    torch.distributed.recv(buf, (rank - 1) % world_size, group=group)
+    return chunks[rank] + buf
+
+
+def _library(full, rank, world_size, group):
+    out = torch.empty(full.numel() // world_size)
+    torch.distributed.reduce_scatter_single(out, full.clone(), group=group)
+    return out
+
+
+def _default_group(full, rank, world_size, group):
+    out = full.clone()
+    torch.distributed.all_reduce(out)
+    return out.chunk(world_size)[rank]
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (lambda p, n: 4 * p + 12 * p / n, "ZeRO-1"),
+    (lambda p, n: 16 * p // n, "ZeRO-3"),
+    (lambda p, n: 16 * p, "DDP"),
+    (lambda p, n: 2 * p + 14 * p * (n - 1) / n, "(N-1)/N"),
+    (lambda p, n: 4 * p + 16 * p / n, "16-bit"),
+    (lambda p, n: 2 * p + 10 * p / n, "master copy"),
+    (lambda p, n: 3 * p, "split over the N ranks"),
+    (lambda p, n: "many", "expected a number"),
+])
+def test_zero2_mistakes_get_their_hints(wrong, words):
+    feedback = check("06.1", wrong)
+    assert feedback.status == "wrong" and words in f"{feedback.message} {feedback.hint}", feedback
+
+
+def test_zero2_accepts_floats_within_a_byte():
+    assert check("06.1", lambda p, n: 2 * p + 14 * p / n + 0.5).solved
+
+
+def test_zero_bytes_follow_the_papers_table():
+    from helpers.exercises.data_parallel import zero_bytes
+
+    p, n = 7_000, 7
+    assert [zero_bytes(p, n, k) for k in range(4)] == pytest.approx(
+        [16 * p, (4 + 12 / n) * p, (2 + 14 / n) * p, 16 * p / n])
+
+
+def test_the_small_model_count_is_the_built_models():
+    from helpers.exercises.data_parallel import small_lm_params
+
+    assert small_lm_params() == sum(t.numel() for t in tiny_lm().parameters())
+
+
+def test_the_stage_for_llama_7b_comes_from_the_estimator():
+    from helpers.exercises import data_parallel as dp
+
+    totals = [dp.zero_stage_total(k) for k in dp.STAGES]
+    assert totals == sorted(totals, reverse=True)  # each stage shards more
+    want = next(k for k, t in zip(dp.STAGES, totals, strict=True) if t <= dp.CARD)
+    assert load_solution("06.2") == want == dp.smallest_fitting_stage()
+    for stage in dp.STAGES:
+        feedback = check("06.2", stage)
+        assert feedback.solved == (stage == want), feedback
+        text = f"{feedback.message} {feedback.hint}"
+        assert "ZeRO-0 (DDP): " in text and "ZeRO-3: " in text
+        assert ("would need" in text) == (stage < want)
+    for value in (4, 2.0, True, "3"):
+        assert "expected a stage" in check("06.2", value).message
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (_whole_sum, "whole sum"),
+    (_next_chunk, "returned chunk 1"),
+    (_mean_chunk, "mean"),
+    (_in_place, "input tensor was changed"),
+    (_all_send_first, "dist.isend"),
+    (_library, "library's own"),
+    (_default_group, "no default group"),
+])
+def test_reduce_scatter_mistakes_get_their_hints(wrong, words, monkeypatch):
+    from helpers.exercises import collectives
+
+    monkeypatch.setattr(collectives, "RS_TIMEOUT", 2.0)  # the deadlock waits this long
+    feedback = check("06.3", wrong)
+    assert feedback.status == "wrong" and words in f"{feedback.message} {feedback.hint}", feedback
+
+
+def test_the_reduce_scatter_check_is_quick_and_leaves_torch_as_it_was():
+    import time
+
+    from torch.distributed.distributed_c10d import _world
+
+    from helpers.exercises.collectives import RS_CASES
+
+    assert [n for n, _ in RS_CASES] == [2, 4]
+    library, groups = torch.distributed.reduce_scatter_single, dict(_world.pg_group_ranks)
+    start = time.perf_counter()
+    assert check("06.3", load_solution("06.3")).solved
+    assert time.perf_counter() - start < 10
+    assert torch.distributed.reduce_scatter_single is library
+    assert dict(_world.pg_group_ranks) == groups

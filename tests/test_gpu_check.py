@@ -140,6 +140,7 @@ def gpu_check_imports() -> list[str]:
 def test_importing_the_runner_imports_no_notebook_machinery():
     modules = gpu_check_imports()
     assert "helpers.tensor_parallel.runs" in modules and "course_tools.gpu_check.runner" in modules
+    assert "helpers.data_parallel.results" in modules
     code = (
         f"import importlib, sys; [importlib.import_module(m) for m in {modules!r}]; "
         "bad = {'IPython', 'nbformat', 'nbclient', 'torchsummary'} & set(sys.modules); "
@@ -191,3 +192,49 @@ def test_the_schedules_step_skips_with_the_reason_on_a_torch_without_its_interna
     ctx = Context(Path("results"), True, SMOKE, "cpu", {})
     with pytest.raises(StepSkipped, match=r"_wait_batch_p2p.\] not found"):
         step_schedules(ctx, {})
+
+
+def test_the_data_parallel_ranks_record_a_missing_fsdp_tracker_and_go_on(monkeypatch):
+    """The GPU machine's torch may lack FSDPMemTracker (private API): the ranks leave its
+    peaks out, say why in the result, and try it only once."""
+    from course_tools.gpu_check import steps_data_parallel
+    from helpers.data_parallel import worker
+
+    calls, written = [], []
+
+    def missing(*args, **kwargs):
+        calls.append(args)
+        raise ImportError("torch 2.11 lacks fsdp2_mem_tracker.FSDPMemTracker")
+
+    def fake_main():
+        peaks = [worker.track_fsdp_step("model", "x", "y").own_peaks for _ in range(3)]
+        worker.write_result("rank 0", {"peaks": peaks})
+
+    monkeypatch.setattr(worker, "track_fsdp_step", missing)
+    monkeypatch.setattr(worker, "write_result", lambda rank, result: written.append(result))
+    monkeypatch.setattr(worker, "main", fake_main)
+    steps_data_parallel.guarded_worker_main()
+    assert len(calls) == 1
+    assert written == [{"peaks": [{}, {}, {}], "fsdp_tracker": "FSDPMemTracker skipped: "
+                        "ImportError: torch 2.11 lacks fsdp2_mem_tracker.FSDPMemTracker"}]
+
+
+@pytest.mark.torchrun
+@pytest.mark.slow
+@pytest.mark.gpu_smoke
+def test_the_data_parallel_step_at_world_size_one(monkeypatch, tmp_path):
+    """One GPU gives one rank: the step still proves every run, records nothing sent, no
+    fitted slope, and says why (here on one gloo rank, the same code path)."""
+    from course_tools.gpu_check import steps_data_parallel
+    from course_tools.gpu_check.context import SMOKE, Context
+
+    monkeypatch.setattr(steps_data_parallel, "dp_world_size", lambda ctx: 1)
+    fig = {}
+    steps_data_parallel.step_data_parallel(Context(tmp_path, True, SMOKE, "cpu", {}), fig)
+    json.dumps(fig, allow_nan=False)  # no infinite bandwidth in the report
+    assert fig["world_size"] == 1 and "world size 1" in fig["note"]
+    assert fig["proofs"]["ok"] and fig["fsdp_tracker"]["outcome"] == "ok"
+    assert all(row["total"] == 0 for row in fig["bytes"]["per_technique"].values())
+    assert all(f["bandwidth_gb_s"] is None for f in fig["fits"].values())
+    # the prediction is unsharded; the hand ZeRO-2/3 also hold one unit's full buffer
+    assert set(fig["ledgers"]["differences"]) <= {"ZeRO-2", "ZeRO-3"}

@@ -6,6 +6,7 @@ from torch import nn
 
 from helpers.memory import (
     LLAMA_7B_SHAPE,
+    LLAMA_70B_SHAPE,
     OPTIMIZERS,
     HasTransformerShape,
     LayerChain,
@@ -287,6 +288,17 @@ def test_tensor_parallel_splits_weights_and_the_mlp_activations():
         (lambda m, x, y: estimate_training_memory(LLAMA_7B_SHAPE, batch=1), "seq="),
         (lambda m, x, y: split_blocks(4, 8), "at most 4"),
         (lambda m, x, y: Layout("x", schedule="zb"), "zb"),
+        (lambda m, x, y: estimate_transformer(LLAMA_7B_SHAPE, batch=1, seq=8, zero=4),
+         r"zero=4; valid choices: 0, 1, 2, 3"),
+        (lambda m, x, y: estimate_transformer(LLAMA_7B_SHAPE, batch=1, seq=8, zero="1"),
+         r"zero='1'; valid choices: 0, 1, 2, 3"),
+        (lambda m, x, y: estimate_transformer(LLAMA_7B_SHAPE, batch=1, seq=8, dp=0),
+         r"dp=0; valid: an integer >= 1"),
+        (lambda m, x, y: estimate_training_memory(LLAMA_7B_SHAPE, batch=1, seq=8, dp=2.0),
+         r"dp=2.0; valid: an integer >= 1"),
+        (lambda m, x, y: estimate_transformer(LLAMA_7B_SHAPE, batch=1, seq=8, recompute="yes"),
+         r"recompute='yes'; valid choices: True, False"),
+        (lambda m, x, y: Layout("x", dp=8, zero=5), r"zero=5; valid choices: 0, 1, 2, 3"),
     ],
 )
 def test_bad_input_names_the_value_and_the_choices(call, words):
@@ -325,3 +337,82 @@ def test_memory_balanced_cut_minimises_the_fuller_stage():
     assert max(totals[best]) == min(max(t) for t in totals.values())
     with pytest.raises(ValueError, match="at least 2 layers"):
         memory_balanced_cut({})
+
+
+SHAPES = {"7B": LLAMA_7B_SHAPE, "70B": LLAMA_70B_SHAPE}
+
+
+def mixed_adam(shape, **options):
+    """The one-stage row of a mixed-precision Adam estimate (one 4096-token sequence)."""
+    return estimate_transformer(
+        shape, batch=1, seq=4096, optimizer="adam", precision="mixed", **options
+    )["stage 0"]
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_zero_shards_optimizer_state_then_grads_then_weights(name):
+    shape = SHAPES[name]
+    one, n = mixed_adam(shape), shape.parameters()
+    steps = 4 * (9 * shape.blocks + 3)  # Adam's step counters: one per tensor, never sharded
+    unit = 2 * max(shape.unit_parameters())  # the largest unit, in full, 16-bit
+    assert mixed_adam(shape, dp=8) == one == mixed_adam(shape, zero=3)  # dp=8 alone; dp=1
+    z1, z2, z3 = (mixed_adam(shape, dp=8, zero=z) for z in (1, 2, 3))
+    assert (z1.weights, z1.grads, z1.activations) == (one.weights, one.grads, one.activations)
+    assert z1.optimizer_state == 12 * -(-n // 8) + steps  # master copy and two moments, / 8
+    assert 0 <= (z1.optimizer_state - steps) - (one.optimizer_state - steps) / 8 < 12
+    assert (z2.weights, z2.optimizer_state) == (one.weights, z1.optimizer_state)
+    assert one.grads / 8 + unit <= z2.grads < one.grads / 8 + unit + 2
+    assert (z3.grads, z3.optimizer_state) == (z2.grads, z1.optimizer_state)
+    assert one.weights / 8 <= z3.weights <= one.weights / 8 + unit + 2
+    assert z3.weights == 2 * -(-n // 8) + unit
+    assert z3.activations == one.activations  # batch is per rank
+
+
+def test_zero_gathers_the_largest_unit_on_each_stage():
+    shape = TransformerShape(hidden=64, blocks=4, heads=2, ffn=128, vocab=1000)
+    embed, block, head = shape.unit_parameters()
+    assert embed > block and head > embed
+    ledger = estimate_transformer(shape, batch=1, seq=8, stages=[1, 2, 1], dp=4, zero=3)
+    numel = {"stage 0": embed + block, "stage 1": 2 * block, "stage 2": block + head}
+    unit = {"stage 0": embed, "stage 1": block, "stage 2": head}
+    for name, row in ledger.rows.items():
+        assert row.weights == 4 * -(-numel[name] // 4) + 4 * unit[name], name
+        assert row.grads == row.weights, name
+    assert "dp=4, ZeRO-3" in ledger.note
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_recompute_keeps_each_block_input_and_one_block(name):
+    shape, tokens, e = SHAPES[name], 4096, 2
+    plain, recomputed = mixed_adam(shape), mixed_adam(shape, recompute=True)
+    block, kept = shape.block_activation_bytes(tokens, e), tokens * shape.hidden * e
+    embed, head = shape.embed_activation_bytes(tokens), shape.head_activation_bytes(tokens, e)
+    assert kept == shape.block_input_bytes(tokens, e)
+    # the head's activations are freed before the last block is recomputed (its input kept)
+    assert recomputed.activations == embed + shape.blocks * kept + block - kept
+    assert recomputed.activations <= shape.blocks * kept + block + embed + head
+    assert recomputed.activations < plain.activations / 10
+    assert (recomputed.weights, recomputed.optimizer_state) == (plain.weights, plain.optimizer_state)
+    tp8 = estimate_transformer(shape, batch=1, seq=tokens, precision="mixed", tp=8,
+                               recompute=True)["stage 0"]
+    assert tp8.activations > shape.blocks * kept  # the kept inputs are replicated over tp
+
+
+def test_fsdp_fits_llama_7b_on_8_gpus_and_70b_needs_recompute_on_64():
+    rows = fits_table(SHAPES, gpu_bytes=80 * 2**30, seq=4096)
+    by = {(r.model, r.layout): r for r in rows}
+    assert by["7B", "FSDP (ZeRO-3) 8"].fits and by["7B", "ZeRO-1 8"].fits
+    assert not by["7B", "data parallel"].fits
+    assert not by["70B", "FSDP 64"].fits and by["70B", "FSDP 64 + recompute"].fits
+    assert by["70B", "FSDP 64"].gpus == 64 and by["70B", "TP 8 x PP 8, 1F1B"].gpus == 64
+    assert Layout("x", tp=2, pp=4, dp=8).gpus == 64
+
+
+def test_fits_chart_saves_a_chart_and_refuses_no_rows(tmp_path):
+    from helpers.memory.fits import fits_chart
+
+    rows = fits_table({"7B": LLAMA_7B_SHAPE}, gpu_bytes=80 * 2**30, seq=4096)
+    path = fits_chart(rows, tmp_path / "fits.png", gpu_bytes=80 * 2**30, cap=300)
+    assert path.stat().st_size > 0
+    with pytest.raises(ValueError, match="no rows"):
+        fits_chart([], tmp_path / "none.png", gpu_bytes=1)

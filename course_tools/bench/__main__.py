@@ -36,6 +36,12 @@ def _schedules() -> dict:
     return schedules_section()
 
 
+def _data_parallel() -> dict:
+    from course_tools.bench.data_parallel import data_parallel_section  # lesson 06
+
+    return data_parallel_section()
+
+
 def _memory() -> dict:
     from course_tools.bench.memory import memory_section  # lessons 01-08's ledgers
 
@@ -43,7 +49,8 @@ def _memory() -> dict:
 
 
 SECTIONS: dict[str, Callable[[], dict]] = {
-    "pipeline": _pipeline, "schedules": _schedules, "tp": _tp, "memory": _memory,
+    "pipeline": _pipeline, "schedules": _schedules, "data_parallel": _data_parallel, "tp": _tp,
+    "memory": _memory,
 }
 
 

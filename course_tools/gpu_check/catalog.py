@@ -50,6 +50,14 @@ STEPS = (
         4,
     ),
     Step(
+        "data_parallel",
+        "lesson 06: DDP, hand ZeRO-1/2/3 and FSDP2 on one GPU per rank (NCCL, at most 2 ranks; "
+        "1 GPU: world size 1, nothing sent), full profile: proofs, bytes sent per technique, "
+        "ledgers measured vs predicted, alpha-beta fit per collective",
+        45,
+        30,
+    ),
+    Step(
         "tensor_parallel",
         "the source's tp_demo command; shards; tp ranks (NCCL, one GPU per rank) and DTensor "
         "proven equal to native, plus one training step; native vs tp timings",
@@ -66,15 +74,18 @@ def step_functions() -> dict[str, StepFunction]:
     (so a new step is one ``Step`` above and one ``step_<name>`` function); imports the step
     modules (and torch)."""
     from course_tools.gpu_check import (
+        steps_data_parallel,
         steps_model_parallel,
         steps_pipeline,
         steps_placement,
         steps_tensor_parallel,
     )
 
+    modules = (steps_model_parallel, steps_pipeline, steps_placement, steps_data_parallel,
+               steps_tensor_parallel)
     found = {
         name.removeprefix("step_"): getattr(module, name)
-        for module in (steps_model_parallel, steps_pipeline, steps_placement, steps_tensor_parallel)
+        for module in modules
         for name in vars(module)
         if name.startswith("step_") and callable(getattr(module, name))
     }

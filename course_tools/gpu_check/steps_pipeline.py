@@ -1,4 +1,5 @@
-"""Step 4 of ``make gpu-check``: lesson 03's pipeline, in one process and one per stage.
+"""Steps 4-5 of ``make gpu-check``: lesson 03's pipeline, in one process and one per stage,
+and lesson 04's schedules.
 
 In-process micro-batching on ``plan_devices(2)`` vs the naive split, then the CPU pipeline
 with K stage processes (gloo, one thread each) vs one process with one thread.

@@ -1,4 +1,4 @@
-"""Steps 5-6 of ``make gpu-check``: the memory ledger and lesson 05's
+"""Steps 6-7 of ``make gpu-check``: the memory ledger and lesson 05's
 ``device_map``: tiny_lm on GPU 0 + CPU + disk with accelerate, proven and timed.
 """
 
@@ -11,7 +11,7 @@ import torch
 from course_tools.gpu_check.context import Context, release
 from helpers.core.timing import measure
 
-# --- 5. memory --------------------------------------------------------------------------
+# --- 6. memory --------------------------------------------------------------------------
 
 
 def _jsonable(value: object) -> object:
@@ -102,7 +102,7 @@ def step_memory(ctx: Context, fig: dict) -> None:
             raise AssertionError(f"{name}: weights, grads or optimizer state differ: {ratios}")
 
 
-# --- 6. device_map ----------------------------------------------------------------------
+# --- 7. device_map ----------------------------------------------------------------------
 
 
 def offload_budgets(sizes: dict[str, int], on_gpu: bool) -> dict:

@@ -1,4 +1,4 @@
-"""Step 7 of ``make gpu-check``: lessons 07-08's tensor-parallel FFN.
+"""Step 9 of ``make gpu-check``: lessons 07-08's tensor-parallel FFN.
 
 The source's ``tp_demo`` command, the shards, tp ranks (NCCL, one GPU per rank) with a
 training step, and DTensor, each proven equal to the native FFN; native vs tp timings.

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from helpers.core.sizes import format_bytes
+
 ENV_VAR = "TUTORIAL_PROFILE"
 CHOICES = ("small", "full", "auto")  # what $TUTORIAL_PROFILE may say
 NAMES = ("smoke", "small", "full")  # what get_profile(name) accepts
@@ -83,6 +85,16 @@ class LMSizes:
     seq: int
 
 
+@dataclass(frozen=True)
+class DataParallelSizes:
+    """Lesson 06: data parallelism and ZeRO on lesson 05's Llama-shaped model (``lm``)."""
+
+    batch: int  # sequences per step, over all ranks (of ``lm.seq`` tokens)
+    accumulation: int  # micro-steps in the no_sync proof
+    bucket_cap_mb: float  # DDP's bucket size
+    collective_sizes: tuple[int, ...]  # bytes of the full tensor, for the alpha-beta fit
+
+
 # the source's documented command: torch_tp_demo.py --hidden_size 512 --ffn_size 4096 ...
 SOURCE_FFN = FFNSizes(512, 4096, 512, 8, world_size=4, iters=32, warmup=4)
 
@@ -101,11 +113,12 @@ class Profile:
     ffn: FFNSizes
     wide_ffn: FFNSizes  # lesson 08 also times the forward here: wide enough for p = 2 to pay
     lm: LMSizes
+    data_parallel: DataParallelSizes
 
     def describe(self, topic: str | None = None) -> str:
         """One line naming the profile and the sizes that ``topic`` (a lesson's subject) uses."""
         t, r, p, s, f, m = self.toy, self.resnet, self.pipeline, self.schedules, self.ffn, self.lm
-        w = self.wide_ffn
+        w, d = self.wide_ffn, self.data_parallel
         sizes = {
             "toy": f"toy model {t.inputs} -> {t.hidden} -> {t.outputs}, batch {t.batch}",
             "resnet": f"ResNet50 batch {r.batch} at {r.image_size}x{r.image_size}, "
@@ -116,6 +129,10 @@ class Profile:
             f"{s.microbatches} micro-batches",
             "lm": f"Llama-shaped model: vocab {m.vocab}, hidden {m.hidden}, {m.blocks} blocks; "
             f"batch {m.batch} x {m.seq} tokens",
+            "data_parallel": f"Llama-shaped model: vocab {m.vocab}, hidden {m.hidden}, "
+            f"{m.blocks} blocks; global batch {d.batch} x {m.seq} tokens, DDP buckets of "
+            f"{d.bucket_cap_mb:g} MB, collectives timed at {len(d.collective_sizes)} sizes "
+            f"up to {format_bytes(d.collective_sizes[-1])}",
             "ffn": f"FFN hidden {f.hidden_size}, ffn {f.ffn_size}, seq {f.seq_len}, "
             f"batch {f.batch_size}, world size {f.world_size}",
             "ffn_timing": f"FFN hidden {f.hidden_size}, ffn {f.ffn_size}, seq {f.seq_len}, "
@@ -130,6 +147,8 @@ class Profile:
 
 
 SMALL_LM = LMSizes(vocab=4096, hidden=128, blocks=6, batch=4, seq=32)
+DP_SIZES = tuple(2**k for k in range(10, 23, 2))  # 1 KiB .. 4 MiB
+SMALL_DP = DataParallelSizes(batch=8, accumulation=2, bucket_cap_mb=2.0, collective_sizes=DP_SIZES)
 
 PROFILES: dict[str, Profile] = {
     "smoke": Profile(
@@ -141,6 +160,8 @@ PROFILES: dict[str, Profile] = {
         ffn=FFNSizes(32, 64, 8, 2, world_size=4, iters=3, warmup=1),
         wide_ffn=FFNSizes(64, 256, 16, 2, world_size=4, iters=3, warmup=1),
         lm=SMALL_LM,
+        data_parallel=DataParallelSizes(batch=4, accumulation=2, bucket_cap_mb=2.0,
+                                        collective_sizes=(2**10, 2**14, 2**18)),
     ),
     "small": Profile(
         "small", warmup=2, repeats=3, toy=ToySizes(),
@@ -150,6 +171,7 @@ PROFILES: dict[str, Profile] = {
         ffn=FFNSizes(128, 512, 64, 2, world_size=4, iters=12, warmup=2),
         wide_ffn=FFNSizes(512, 4096, 128, 4, world_size=4, iters=7, warmup=2),
         lm=SMALL_LM,
+        data_parallel=SMALL_DP,
     ),
     "full": Profile(
         "full", warmup=2, repeats=10, toy=ToySizes(),
@@ -159,6 +181,8 @@ PROFILES: dict[str, Profile] = {
         ffn=SOURCE_FFN,
         wide_ffn=SOURCE_FFN,
         lm=LMSizes(vocab=32000, hidden=1024, blocks=8, batch=8, seq=256),
+        data_parallel=DataParallelSizes(batch=8, accumulation=2, bucket_cap_mb=25.0,
+                                        collective_sizes=tuple(2**k for k in range(10, 29, 2))),
     ),
 }  # fmt: skip
 

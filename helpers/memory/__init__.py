@@ -8,21 +8,29 @@ The estimator knows no lesson's model: a model is estimated when it gives its ch
 layers (:class:`LayerChain`, a ``layer_chain()`` method), or its transformer sizes
 (:class:`HasTransformerShape`, a ``transformer_shape()`` method); an ``nn.Sequential`` or a
 list of layers is read as it is.
+
+Data parallelism, ZeRO sharding and activation recomputation are options of the
+transformer estimate (``dp``, ``zero``, ``recompute``); :mod:`helpers.memory.recompute`
+(imported on its own: it loads the timing tools) measures recomputation against it.
 """
 
 from helpers.memory.estimate import (
-    PRECISIONS,
     HasTransformerShape,
     LayerChain,
     estimate_layers,
     estimate_training_memory,
     estimate_transformer,
     layers_of,
-    parameter_memory,
 )
 from helpers.memory.ledger import DeviceMemory, Ledger, compare_ledgers, comparison_table
 from helpers.memory.measure import measure_training_memory
 from helpers.memory.optimizers import OPTIMIZERS
+from helpers.memory.parameters import (
+    PRECISIONS,
+    ZERO_STAGES,
+    parameter_memory,
+    sharded_parameter_memory,
+)
 from helpers.memory.saved import SavedTensorMeter
 from helpers.memory.transformer import LLAMA_7B_SHAPE, LLAMA_70B_SHAPE, TransformerShape
 
@@ -31,6 +39,7 @@ __all__ = [
     "LLAMA_7B_SHAPE",
     "OPTIMIZERS",
     "PRECISIONS",
+    "ZERO_STAGES",
     "DeviceMemory",
     "HasTransformerShape",
     "LayerChain",
@@ -45,4 +54,5 @@ __all__ = [
     "layers_of",
     "measure_training_memory",
     "parameter_memory",
+    "sharded_parameter_memory",
 ]

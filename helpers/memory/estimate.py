@@ -15,11 +15,18 @@ from typing import Protocol, runtime_checkable
 from torch import nn
 
 from helpers.memory.layer_rules import activation_bytes
-from helpers.memory.ledger import DeviceMemory, Ledger
-from helpers.memory.optimizers import STATE_COPIES, STEP_BYTES, validate_optimizer
+from helpers.memory.ledger import Ledger
+from helpers.memory.optimizers import validate_optimizer
+from helpers.memory.parameters import (
+    ELEMENT_BYTES,
+    parameter_memory,
+    sharded_parameter_memory,
+    validate_dp,
+    validate_precision,
+    validate_recompute,
+    validate_zero,
+)
 from helpers.memory.transformer import TransformerShape
-
-PRECISIONS = ("fp32", "mixed")
 
 
 @runtime_checkable
@@ -38,30 +45,6 @@ class HasTransformerShape(Protocol):
     def transformer_shape(self) -> TransformerShape:
         """Its sizes, for :func:`estimate_transformer`."""
         ...
-
-
-def validate_precision(name: str) -> str:
-    """``name`` if known, else a ValueError naming the choices."""
-    if name not in PRECISIONS:
-        raise ValueError(f"unknown precision {name!r}; valid choices: {', '.join(PRECISIONS)}")
-    return name
-
-
-def parameter_memory(
-    numel: int, tensors: int, *, optimizer: str, precision: str = "fp32", buffers: int = 0
-) -> DeviceMemory:
-    """Weights, grads and optimizer state for ``numel`` parameters in ``tensors`` tensors.
-
-    ``fp32``: 4 bytes each for weights and grads, plus the optimizer's copies.
-    ``mixed``: 16-bit weights and grads (2 + 2 bytes) and a float32 master copy (4) that
-    the optimizer updates, plus its float32 copies: 16 bytes per parameter with Adam.
-    """
-    validate_optimizer(optimizer)
-    if validate_precision(precision) == "fp32":
-        state = STATE_COPIES[optimizer] * 4 * numel
-        return DeviceMemory(4 * numel + buffers, 4 * numel, state + STEP_BYTES[optimizer] * tensors)
-    state = (1 + STATE_COPIES[optimizer]) * 4 * numel + STEP_BYTES[optimizer] * tensors
-    return DeviceMemory(2 * numel + buffers, 2 * numel, state)
 
 
 def _unique(modules: Sequence[nn.Module]) -> tuple[list, list]:
@@ -108,6 +91,14 @@ def estimate_layers(
     return Ledger(rows, note=f"estimated from shapes, optimizer {optimizer}")
 
 
+def _note(precision: str, optimizer: str, tp: int, dp: int, zero: int, recompute: bool,
+          batch: int, seq: int) -> str:
+    extras = [f"dp={dp}, ZeRO-{zero}" if dp > 1 or zero else "",
+              "recompute" if recompute else ""]
+    return ", ".join(["estimated", f"{precision} {optimizer}", f"tp={tp}",
+                      *filter(None, extras), f"batch {batch}x{seq}"])
+
+
 def estimate_transformer(
     shape: TransformerShape,
     *,
@@ -119,6 +110,9 @@ def estimate_transformer(
     names: Sequence[str] | None = None,
     tp: int = 1,
     in_flight: Sequence[int] | None = None,
+    dp: int = 1,
+    zero: int = 0,
+    recompute: bool = False,
 ) -> Ledger:
     """A Llama-shaped model's ledger per device.
 
@@ -127,31 +121,38 @@ def estimate_transformer(
     ``tp`` splits every stage over that many tensor-parallel ranks (the embedding and
     head too, by vocabulary); ``in_flight`` is how many micro-batches of ``batch``
     sequences each stage keeps activations for at its peak (default 1 each).
+
+    ``dp`` data-parallel ranks each run ``batch`` sequences (activations do not change)
+    and shard the rest under ZeRO stage ``zero`` (see :func:`sharded_parameter_memory`;
+    the units gathered one at a time are the embedding, each block, and the final norm
+    with the head). ``recompute`` runs each block under ``torch.utils.checkpoint``: a
+    block keeps only its input until its backward, which first reruns its forward. The
+    peak is the larger of the forward's end (the inputs, embedding and head) and the
+    last block's recomputed backward (the head freed, that block's activations back).
     """
     validate_precision(precision)
+    validate_recompute(recompute)
+    validate_dp(dp)
+    validate_zero(zero)
     stages = list(stages or [shape.blocks])
     if sum(stages) != shape.blocks or min(stages) < 1:
         raise ValueError(f"stages {stages} must be >= 1 each and add up to {shape.blocks} blocks")
     in_flight = list(in_flight or [1] * len(stages))
     if len(in_flight) != len(stages):
         raise ValueError(f"in_flight {in_flight}: valid: one count per stage ({len(stages)})")
-    e = 4 if precision == "fp32" else 2
-    tokens = batch * seq
+    e = ELEMENT_BYTES[precision]
     rows = {}
     names = list(names or [f"stage {k}" for k in range(len(stages))])
     for k, blocks in enumerate(stages):
-        numel, tensors = (n * blocks for n in shape.block_parameters())
-        acts = blocks * shape.block_activation_bytes(tokens, e, tp)
-        if k == 0:
-            numel, tensors = numel + shape.embed_parameters()[0], tensors + 1
-            acts += shape.embed_activation_bytes(tokens)
-        if k == len(stages) - 1:
-            numel, tensors = numel + shape.head_parameters()[0], tensors + 2
-            acts += shape.head_activation_bytes(tokens, e) // tp
-        row = parameter_memory(numel // tp, tensors, optimizer=optimizer, precision=precision)
-        row.activations = acts * in_flight[k]
+        first, last = k == 0, k == len(stages) - 1
+        numel, tensors, unit = shape.stage_parameters(blocks, first, last)
+        row = sharded_parameter_memory(numel // tp, tensors, optimizer=optimizer,
+                                       precision=precision, dp=dp, zero=zero, unit=unit // tp)
+        kept, extra = shape.stage_activation_bytes(blocks, first, last, tokens=batch * seq,
+                                                   element_size=e, tp=tp, recompute=recompute)
+        row.activations = kept * in_flight[k] + extra
         rows[names[k]] = row
-    return Ledger(rows, note=f"estimated, {precision} {optimizer}, tp={tp}, batch {batch}x{seq}")
+    return Ledger(rows, note=_note(precision, optimizer, tp, dp, zero, recompute, batch, seq))
 
 
 def layers_of(model: object) -> tuple[list[nn.Module], list[int]]:
@@ -191,7 +192,7 @@ def estimate_training_memory(
 
     Llama shapes (a ``TransformerShape``, or a :class:`HasTransformerShape` model) need
     ``seq`` and take :func:`estimate_transformer`'s options (``stages``, ``tp``,
-    ``in_flight``); chains of layers (see :func:`layers_of`) need ``sample_shape`` (one
+    ``in_flight``, ``dp``, ``zero``, ``recompute``); chains of layers (see :func:`layers_of`) need ``sample_shape`` (one
     input without the batch) and ``loss`` (``"mse"`` or ``"cross_entropy"``).
     """
     if isinstance(model, (TransformerShape, HasTransformerShape)):

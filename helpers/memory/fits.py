@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from helpers.core.sizes import format_bytes
 from helpers.memory.estimate import estimate_transformer
-from helpers.memory.ledger import DeviceMemory
+from helpers.memory.ledger import KINDS, DeviceMemory
+from helpers.memory.parameters import validate_dp, validate_recompute, validate_zero
 from helpers.memory.transformer import TransformerShape
 
 SCHEDULES = ("gpipe", "1f1b")
@@ -14,18 +16,34 @@ SCHEDULES = ("gpipe", "1f1b")
 
 @dataclass(frozen=True)
 class Layout:
-    """``tp`` tensor-parallel ranks x ``pp`` pipeline stages (x data-parallel copies)."""
+    """``tp`` tensor-parallel ranks x ``pp`` pipeline stages x ``dp`` data-parallel ranks.
+
+    ``zero`` shards over the ``dp`` ranks (ZeRO stage 0 to 3; FSDP is 3); ``recompute``
+    reruns each block's forward in its backward. Plain data parallelism (``zero`` 0)
+    replicates: its row is one GPU's, whatever the number of copies.
+    """
 
     name: str
     tp: int = 1
     pp: int = 1
     schedule: str = "1f1b"
+    dp: int = 1
+    zero: int = 0
+    recompute: bool = False
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
             raise ValueError(f"unknown schedule {self.schedule!r}; valid: {', '.join(SCHEDULES)}")
         if self.tp < 1 or self.pp < 1:
             raise ValueError(f"tp={self.tp}, pp={self.pp}; valid: integers >= 1")
+        validate_dp(self.dp)
+        validate_zero(self.zero)
+        validate_recompute(self.recompute)
+
+    @property
+    def gpus(self) -> int:
+        """GPUs the layout spans: tp x pp x dp."""
+        return self.tp * self.pp * self.dp
 
     def in_flight(self, microbatches: int) -> list[int]:
         """Micro-batches whose activations stage k holds at its peak.
@@ -40,6 +58,12 @@ class Layout:
 
 LAYOUTS = (
     Layout("data parallel"),
+    Layout("ZeRO-1 8", dp=8, zero=1),
+    Layout("ZeRO-2 8", dp=8, zero=2),
+    Layout("FSDP (ZeRO-3) 8", dp=8, zero=3),
+    Layout("FSDP 8 + recompute", dp=8, zero=3, recompute=True),
+    Layout("FSDP 64", dp=64, zero=3),
+    Layout("FSDP 64 + recompute", dp=64, zero=3, recompute=True),
     Layout("TP 8", tp=8),
     Layout("PP 8, GPipe", pp=8, schedule="gpipe"),
     Layout("PP 8, 1F1B", pp=8),
@@ -61,7 +85,8 @@ def per_gpu(shape: TransformerShape, layout: Layout, *, seq: int, micro_batch: i
     ledger = estimate_transformer(
         shape, batch=micro_batch, seq=seq, optimizer=optimizer, precision=precision,
         stages=split_blocks(shape.blocks, layout.pp), tp=layout.tp,
-        in_flight=layout.in_flight(microbatches),
+        in_flight=layout.in_flight(microbatches), dp=layout.dp, zero=layout.zero,
+        recompute=layout.recompute,
     )
     return max(ledger.rows.values(), key=lambda r: r.total)
 
@@ -79,13 +104,13 @@ class Fit:
 
 def fits_table(shapes: dict[str, TransformerShape], *, gpu_bytes: int, seq: int,
                microbatches: int = 32, layouts: tuple[Layout, ...] = LAYOUTS) -> list[Fit]:
-    """One row per (model, layout) (data parallelism adds copies, each GPU holding a whole
-    one, so its row is one GPU's)."""
+    """One row per (model, layout): the fullest GPU's ledger and the GPUs the layout spans
+    (plain data parallelism adds whole copies: its row is one GPU's)."""
     rows = []
     for model, shape in shapes.items():
         for layout in layouts:
             row = per_gpu(shape, layout, seq=seq, microbatches=microbatches)
-            rows.append(Fit(model, layout.name, layout.tp * layout.pp, row,
+            rows.append(Fit(model, layout.name, layout.gpus, row,
                             row.total <= gpu_bytes))
     return rows
 
@@ -103,3 +128,53 @@ def format_fits(rows: list[Fit], gpu_bytes: int) -> str:
                      + "".join(f"{format_bytes(c):>{w}}" for c, w in zip(cells, widths, strict=True))
                      + f"  {'yes' if r.fits else 'no'}")
     return "\n".join(lines)
+
+
+def fits_chart(rows: list[Fit], path: str | Path, *, gpu_bytes: int, cap: float | None = None,
+               title: str | None = None) -> Path:
+    """Horizontal stacked bars in GiB, one panel per model and one bar per layout (GPUs in
+    the label), with the card's size as a dashed line; ``cap`` (GiB) cuts the axis there,
+    writing a longer bar's total at its end."""
+    import matplotlib.pyplot as plt
+
+    from helpers.core.plotting import save_figure
+    from helpers.memory.plots import LABELS
+
+    models = list(dict.fromkeys(r.model for r in rows))
+    if not models:
+        raise ValueError("no rows to chart; valid: the rows of fits_table")
+    layouts = len(rows) // len(models)
+    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 0.35 * layouts + 1.8),
+                             squeeze=False, sharey=True)
+    for ax, model in zip(axes[0], models, strict=True):
+        _fits_panel(ax, [r for r in rows if r.model == model], gpu_bytes, cap, LABELS)
+        ax.set_title(model, fontsize=10)
+    axes[0][0].set_ylabel("layout (GPUs it spans)")
+    axes[0][0].invert_yaxis()  # the table's order, top down (the panels share the axis)
+    handles, labels = axes[0][-1].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return save_figure(fig, path)
+
+
+def _fits_panel(ax: object, rows: list[Fit], gpu_bytes: int, cap: float | None,
+                labels: dict[str, str]) -> None:
+    names = [f"{r.layout} ({r.gpus})" for r in rows]
+    left = [0.0] * len(rows)
+    for kind in KINDS:
+        widths = [getattr(r.memory, kind) / 2**30 for r in rows]
+        ax.barh(names, widths, 0.6, left=left, label=labels[kind])
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    ax.axvline(gpu_bytes / 2**30, color="red", linestyle="--", label=f"{gpu_bytes / 2**30:g} GiB card")
+    if cap:
+        ax.set_xlim(0, cap)
+        for y, total in enumerate(left):
+            if total > cap:
+                ax.annotate(f"{total:,.0f} GiB", (cap, y), xytext=(-4, 0), textcoords="offset points",
+                            ha="right", va="center", fontsize=8, bbox={"boxstyle": "round", "fc": "white"})
+    ax.set_xlabel("GiB on the fullest GPU")
+    ax.xaxis.grid(True)
+    ax.set_axisbelow(True)
+    ax.tick_params(axis="y", labelsize=8)

@@ -36,7 +36,9 @@ class SavedTensorMeter:
 
     def __init__(self, model: nn.Module, parts: dict[str, nn.Module] | None = None) -> None:
         own = [*model.parameters(), *model.buffers()]
-        self._excluded = {t.untyped_storage().data_ptr() for t in own}
+        # a storage by identity, not address: a sharded weight freed and re-gathered (ZeRO-3)
+        # keeps its storage object but changes its address
+        self._excluded = {t.untyped_storage()._cdata for t in own}
         self.parts = dict(parts or {})
         self.live: dict[str, int] = defaultdict(int)
         self.peak: dict[str, int] = defaultdict(int)
@@ -55,7 +57,7 @@ class SavedTensorMeter:
 
     def _pack(self, tensor: torch.Tensor) -> object:
         storage = tensor.untyped_storage()
-        if storage.data_ptr() in self._excluded or storage.nbytes() == 0:
+        if storage._cdata in self._excluded or storage.nbytes() == 0:
             return tensor
         key, nbytes = (self._part_of(tensor), storage.data_ptr()), storage.nbytes()
         self._counts[key] += 1

@@ -69,6 +69,20 @@ class TransformerShape:
         """(elements, tensors) of the final norm and the output head (not tied)."""
         return self.hidden + self.vocab * self.hidden, 2
 
+    def unit_parameters(self) -> tuple[int, int, int]:
+        """Elements of the units a sharded run gathers one at a time: the embedding, one
+        block, and the final norm with the head."""
+        return (self.embed_parameters()[0], self.block_parameters()[0],
+                self.head_parameters()[0])
+
+    def stage_parameters(self, blocks: int, first: bool, last: bool) -> tuple[int, int, int]:
+        """(elements, tensors, the largest unit's elements) of a pipeline stage of ``blocks``
+        blocks; the first also holds the embedding, the last the final norm and head."""
+        embed, block, head = self.unit_parameters()
+        numel, tensors = (n * blocks for n in self.block_parameters())
+        units = [block, embed if first else 0, head if last else 0]
+        return numel + units[1] + units[2], tensors + first + 2 * last, max(units)
+
     def parameters(self) -> int:
         """All weights."""
         parts = (self.block_parameters()[0] * self.blocks, self.embed_parameters()[0],
@@ -89,6 +103,30 @@ class TransformerShape:
         stats = 2 * 4 + self.heads * 4 // tp  # two rstd rows, one lse per head (float32)
         rep = replicated // tp if seq_parallel else replicated
         return tokens * ((split // tp + rep) * element_size + stats)
+
+    def block_input_bytes(self, tokens: int, element_size: int, tp: int = 1,
+                          seq_parallel: bool = False) -> int:
+        """Bytes of one block's input, all a recomputed block keeps until its backward
+        (replicated over tensor-parallel ranks unless ``seq_parallel``)."""
+        return tokens * self.hidden * element_size // (tp if seq_parallel else 1)
+
+    def stage_activation_bytes(self, blocks: int, first: bool, last: bool, *, tokens: int,
+                               element_size: int, tp: int = 1,
+                               recompute: bool = False) -> tuple[int, int]:
+        """(bytes a micro-batch keeps until its backward, extra bytes while one backward runs)
+        on a stage of ``blocks`` blocks (the first with the embedding, the last the head).
+
+        With ``recompute`` a block keeps only its input; its backward first reruns its
+        forward, holding its activations again. The last stage's head is freed by then.
+        """
+        e = element_size
+        block = self.block_activation_bytes(tokens, e, tp)
+        embed = self.embed_activation_bytes(tokens) if first else 0
+        head = self.head_activation_bytes(tokens, e) // tp if last else 0
+        if not recompute:
+            return embed + blocks * block + head, 0
+        kept = self.block_input_bytes(tokens, e, tp)
+        return embed + blocks * kept + head, max(0, block - kept - head)
 
     def embed_activation_bytes(self, tokens: int) -> int:
         """The embedding keeps its int64 token ids."""

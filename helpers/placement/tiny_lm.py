@@ -126,16 +126,15 @@ class TinyLM(nn.Module):
         return TransformerShape.of(self.config)
 
 
+def lm_config(vocab: int, hidden: int, blocks: int) -> LMConfig:
+    """The course's Llama shape at these sizes: MLP width 4x hidden, 64 channels per head."""
+    return LMConfig(vocab=vocab, hidden=hidden, blocks=blocks, ffn=4 * hidden,
+                    heads=max(1, hidden // 64))
+
+
 def lm_config_for(profile: Profile) -> LMConfig:
-    """The lesson's model for a profile: MLP width 4x hidden, 64 channels per head."""
-    hidden = profile.lm.hidden
-    return LMConfig(
-        vocab=profile.lm.vocab,
-        hidden=hidden,
-        blocks=profile.lm.blocks,
-        ffn=4 * hidden,
-        heads=max(1, hidden // 64),
-    )
+    """The lesson's model for a profile (:func:`lm_config` at its ``lm`` sizes)."""
+    return lm_config(profile.lm.vocab, profile.lm.hidden, profile.lm.blocks)
 
 
 def build_lm(config: LMConfig, *, seed: int = 0) -> TinyLM:

@@ -1,0 +1,109 @@
+"""``make bench``'s ``data_parallel`` section: lesson 06's launch at a larger size.
+
+On CUDA the full profile's model (vocab 32000, hidden 1024, 8 blocks, 8 x 256 tokens) on
+2 GPUs with NCCL. On the CPU that model's eight steps per rank take too long on two cores,
+so the section keeps the full profile's vocabulary, batch and collective sizes but a middle
+model (hidden 512, 4 blocks, 128 tokens: about 50 M parameters), on 2 gloo ranks.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import torch
+
+from helpers.core.profiles import PROFILES
+from helpers.data_parallel.config import DataParallelConfig
+from helpers.data_parallel.results import DataParallelResult
+from helpers.data_parallel.runs import launch_data_parallel
+
+FULL = PROFILES["full"]
+CPU_MODEL = {"hidden": 512, "blocks": 4, "seq": 128}  # the middle size, on the CPU
+RANKS = 2
+# bytes each technique sends, in all-reduces of the float32 weights (the ring formula):
+# reduce-scatter + all-gather = 1; ZeRO-3 and FSDP2 gather twice (forward, backward) = 1.5;
+# without resharding once; in bfloat16 each all-gather sends half
+FORMULA_RATIO = {"DDP": 1.0, "ZeRO-1": 1.0, "ZeRO-2": 1.0, "ZeRO-3": 1.5, "FSDP2": 1.5,
+                 "FSDP2 no reshard": 1.0, "FSDP2 bf16": 1.0}
+
+
+def bench_config(cuda: bool | None = None) -> DataParallelConfig:
+    """The full profile's launch on 2 GPUs, or at the middle model size on the CPU."""
+    cuda = torch.cuda.device_count() >= RANKS if cuda is None else cuda
+    if cuda:
+        return DataParallelConfig.for_profile(FULL, device="cuda")
+    return replace(DataParallelConfig.for_profile(FULL, device="cpu"), **CPU_MODEL)
+
+
+def collective_figures(result: DataParallelResult) -> dict:
+    """Per collective: the alpha-beta fit, its residuals, and every timed call per size."""
+    out = {}
+    for name, fit in result.fits().items():
+        out[name] = {
+            "alpha_s": fit.alpha_s,
+            "beta_s_per_byte": fit.beta_s_per_byte,
+            "bandwidth_gb_s": fit.bandwidth / 1e9 if fit.beta_s_per_byte > 0 else None,
+            "relative_residuals": fit.relative_residuals,
+            "sent_bytes": fit.sent_bytes,
+            "median_s": fit.times_s,
+            "raw": [{"bytes": b, "sent_bytes": s, "times_s": t}
+                    for b, s, t in result.timings[name]],
+        }
+    return out
+
+
+def ledger_figures(result: DataParallelResult) -> dict:
+    """Rank 0's ledger per technique, measured and predicted, and whether they match."""
+    measured, predicted = result.measured_ledgers(), result.predicted_ledgers()
+    m, p = measured.as_dict(), predicted.as_dict()
+    return {"match": measured.matches(predicted), "measured": m, "predicted": p,
+            "rows_match": {row: all(m[row][k] == p[row][k] for k in m[row]) for row in m}}
+
+
+def bytes_figures(result: DataParallelResult) -> dict:
+    """Bytes rank 0 sent per technique and collective, in all-reduces, against the formula."""
+    n = result.world_size
+    one = 2 * (n - 1) / n * result.weight_bytes
+    out = {}
+    for name, run in result.runs.items():
+        ratio = run.total_sent / one
+        out[name] = {**{c: float(b) for c, b in run.sent.items()}, "calls": dict(run.calls),
+                     "total": run.total_sent, "x_all_reduce": ratio,
+                     "formula_x_all_reduce": FORMULA_RATIO[name],
+                     "matches_formula": abs(ratio - FORMULA_RATIO[name]) < 1e-3}
+    return out
+
+
+def proof_figures(result: DataParallelResult) -> dict:
+    """Each run's proofs (max |diff|, tolerance, verdict), the collectives' and no_sync's."""
+    def rows(proofs: list) -> list[dict]:
+        return [{**p.as_dict(), "ok": p.ok} for p in proofs]
+
+    return {"runs": {name: rows(run.proofs) for name, run in result.runs.items()},
+            "collectives": rows(result.collective_checks),
+            "no_sync": rows([result.no_sync_proof])}
+
+
+def data_parallel_section(config: DataParallelConfig | None = None) -> dict:
+    """The ``data_parallel`` section of bench.json: one launch, everything from it."""
+    config = config or bench_config()
+    start = time.perf_counter()
+    result = launch_data_parallel(config, nproc=RANKS, timeout=1800)
+    seconds = time.perf_counter() - start
+    ledgers, sent = ledger_figures(result), bytes_figures(result)
+    return {
+        "model": {k: getattr(config, k) for k in ("vocab", "hidden", "blocks", "batch", "seq")},
+        "parameters": result.parameters,
+        "world_size": result.world_size,
+        "backend": result.backend,
+        "device": config.device,
+        "launch_s": seconds,
+        "proofs_ok": result.ok,
+        "ledgers_match": ledgers["match"],
+        "bytes_match_formula": all(row["matches_formula"] for row in sent.values()),
+        "collectives": collective_figures(result),
+        "ledgers": ledgers,
+        "bytes": sent,
+        "proofs": proof_figures(result),
+    }

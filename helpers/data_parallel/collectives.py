@@ -1,0 +1,185 @@
+"""The four collectives of data parallelism: what each computes, what a rank sends, how long.
+
+In a ring of N ranks a tensor of S bytes is cut into N chunks. Reduce-scatter passes chunks
+round the ring N - 1 times, adding as it goes: each rank ends with one chunk of the sum and
+has sent (N - 1)/N x S. All-gather passes the finished chunks round N - 1 more times, also
+(N - 1)/N x S. All-reduce is the two in a row: 2(N - 1)/N x S. Broadcast along the ring
+forwards the whole tensor once per rank: S. These are the volumes of the bandwidth-optimal
+algorithms (Patarasuk and Yuan 2009; NCCL's ring); a library may pick another algorithm
+for small tensors, so the counts below are each collective's volume, not a packet capture.
+
+:class:`CommCounter` sees every collective a rank issues, from our code or from a library
+(DDP, FSDP2), because ``torch.distributed`` sends each through the dispatcher as a
+``c10d`` operator: a ``TorchDispatchMode`` reads its tensors' sizes on the way.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# torch 2.14 calls the one-tensor forms all_gather_single and reduce_scatter_single (the
+# older names, all_gather_into_tensor and reduce_scatter_tensor, now warn); older releases
+# have only the older names. Same arguments: (output, input, ..., group=...).
+all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
+
+# the dispatcher's names for them, and which argument holds the full-size tensor (S)
+_C10D_OPS = {
+    "allreduce_": ("all_reduce", 0),
+    "_reduce_scatter_base_": ("reduce_scatter", 1),  # (output chunk, full input)
+    "reduce_scatter_tensor_coalesced_": ("reduce_scatter", 1),
+    "_allgather_base_": ("all_gather", 0),  # (full output, input chunk)
+    "allgather_into_tensor_coalesced_": ("all_gather", 0),
+    "broadcast_": ("broadcast", 0),
+}
+
+
+def validate_collective(name: str) -> str:
+    """``name`` if it is one of :data:`COLLECTIVES`, else a ValueError naming them."""
+    if name not in COLLECTIVES:
+        raise ValueError(f"unknown collective {name!r}; valid choices: {', '.join(COLLECTIVES)}")
+    return name
+
+
+def ring_bytes(collective: str, world_size: int, nbytes: float) -> float:
+    """Bytes one rank sends for ``collective`` of a full tensor of ``nbytes`` in a ring."""
+    validate_collective(collective)
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size={world_size!r}; valid: an integer >= 1")
+    n = world_size
+    if n == 1:
+        return 0.0
+    share = (n - 1) / n * nbytes
+    return {"all_reduce": 2 * share, "reduce_scatter": share, "all_gather": share,
+            "broadcast": float(nbytes)}[collective]
+
+
+def _nbytes(value: object) -> int:
+    tensors = value if isinstance(value, (list, tuple)) else [value]
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+@dataclass
+class CommCounter(TorchDispatchMode):
+    """Counts the collectives issued inside ``with CommCounter(world_size):``, per kind.
+
+    ``calls`` and ``sent`` (bytes this rank sends, by :func:`ring_bytes`) per collective;
+    ``log`` keeps (collective, full tensor bytes) in issue order.
+    """
+
+    world_size: int
+    calls: Counter = field(default_factory=Counter)
+    sent: Counter = field(default_factory=Counter)
+    log: list[tuple[str, int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        super().__init__()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "c10d" and func._opname in _C10D_OPS:
+            name, which = _C10D_OPS[func._opname]
+            full = _nbytes(args[which])
+            self.calls[name] += 1
+            self.sent[name] += ring_bytes(name, self.world_size, full)
+            self.log.append((name, full))
+        return func(*args, **(kwargs or {}))
+
+    @property
+    def total_sent(self) -> float:
+        """Bytes this rank sent, all collectives together."""
+        return float(sum(self.sent.values()))
+
+
+@dataclass(frozen=True)
+class AlphaBeta:
+    """t = alpha + beta x bytes sent, fitted by least squares to one collective's timings."""
+
+    collective: str
+    alpha_s: float  # the fixed cost of one call (latency, launch)
+    beta_s_per_byte: float  # the inverse of the bandwidth the rank sees
+    sent_bytes: list[float]
+    times_s: list[float]
+
+    @property
+    def bandwidth(self) -> float:
+        """Bytes per second: 1 / beta."""
+        return 1 / self.beta_s_per_byte if self.beta_s_per_byte > 0 else float("inf")
+
+    def predict(self, sent_bytes: float) -> float:
+        """Seconds for one call that sends ``sent_bytes`` per rank."""
+        return self.alpha_s + self.beta_s_per_byte * sent_bytes
+
+    @property
+    def residuals(self) -> list[float]:
+        """Measured minus fitted, per size (seconds)."""
+        return [t - self.predict(b) for b, t in zip(self.sent_bytes, self.times_s, strict=True)]
+
+    @property
+    def relative_residuals(self) -> list[float]:
+        return [r / t for r, t in zip(self.residuals, self.times_s, strict=True)]
+
+
+def fit_alpha_beta(collective: str, sent_bytes: list[float], times_s: list[float]) -> AlphaBeta:
+    """Least-squares fit of t = alpha + beta x bytes, weighting each size by 1/t (relative
+    errors), so that the small sizes, whose times are microseconds, still count."""
+    if len(sent_bytes) != len(times_s) or len(sent_bytes) < 2:
+        raise ValueError(f"{len(sent_bytes)} sizes and {len(times_s)} times; valid: the same "
+                         "number of each, at least 2")
+    x, t = np.asarray(sent_bytes, float), np.asarray(times_s, float)
+    w = 1 / t
+    design = np.stack([np.ones_like(x), x], axis=1) * w[:, None]
+    (alpha, beta), *_ = np.linalg.lstsq(design, t * w, rcond=None)
+    return AlphaBeta(collective, float(alpha), float(beta), list(map(float, x)), list(map(float, t)))
+
+
+def run_collective(name: str, full: torch.Tensor, rank: int, world_size: int,
+                   group=None) -> torch.Tensor:
+    """Issue ``name`` on this rank's ``full``-size tensor; return what the rank ends with.
+
+    all_reduce: the sum, full size. reduce_scatter: this rank's chunk of the sum.
+    all_gather: every rank's chunk (this rank's is chunk ``rank`` of ``full``), concatenated.
+    broadcast: rank 0's tensor.
+    """
+    validate_collective(name)
+    chunk = full.numel() // world_size
+    if name == "all_reduce":
+        out = full.clone()
+        dist.all_reduce(out, group=group)
+    elif name == "reduce_scatter":
+        out = torch.empty(chunk, dtype=full.dtype, device=full.device)
+        reduce_scatter(out, full, group=group)
+    elif name == "all_gather":
+        out = torch.empty_like(full)
+        all_gather(out, full[rank * chunk:(rank + 1) * chunk].clone(), group=group)
+    else:
+        out = full.clone()
+        dist.broadcast(out, src=0, group=group)  # rank 0 of the default group
+    return out
+
+
+def expected_result(name: str, inputs: list[torch.Tensor], rank: int) -> torch.Tensor:
+    """What rank ``rank`` must end with, computed locally from every rank's input."""
+    validate_collective(name)
+    n = len(inputs)
+    chunk = inputs[0].numel() // n
+    total = torch.stack(inputs).sum(0)
+    if name == "all_reduce":
+        return total
+    if name == "reduce_scatter":
+        return total[rank * chunk:(rank + 1) * chunk]
+    if name == "all_gather":
+        return torch.cat([inputs[r][r * chunk:(r + 1) * chunk] for r in range(n)])
+    return inputs[0]
+
+
+def rank_input(rank: int, numel: int) -> torch.Tensor:
+    """Rank r's test tensor: 0, 1, 2, ... plus 1000 r (every rank's differs, all exact)."""
+    return torch.arange(numel, dtype=torch.float32) + 1000 * rank

@@ -1,0 +1,238 @@
+"""Lesson 06's typed result: what the worker measured, and every verdict, decided here once.
+
+Tolerances (float32 unless said):
+- outputs and gradients: ``PROOF_TOLERANCE``, the same sums in another order;
+- weights after one Adam step: ``lr / 10``. Adam's first step moves a weight by
+  lr x g / (|g| + eps); where a gradient is near zero its rounding shows in full, so the
+  weights are a weaker test than the gradients, which carry the scale;
+- ``bfloat16`` weights (FSDP2's mixed precision): outputs and gradients within
+  ``BF16_RELATIVE_TOLERANCE`` of the float32 ones, relative to the whole tensor's norm:
+  eight times bfloat16's relative spacing 2^-8, for a few dozen roundings in a row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from helpers.core.checks import Proof
+from helpers.core.sizes import format_bytes
+from helpers.data_parallel.collectives import COLLECTIVES, AlphaBeta, fit_alpha_beta
+from helpers.data_parallel.config import DataParallelConfig
+from helpers.memory.estimate import estimate_transformer
+from helpers.memory.ledger import DeviceMemory, Ledger
+from helpers.memory.transformer import TransformerShape
+
+PROOF_TOLERANCE = 1e-6
+BF16_RELATIVE_TOLERANCE = 2**-5
+ZERO_STAGE = {"DDP": 0, "ZeRO-1": 1, "ZeRO-2": 2, "ZeRO-3": 3}  # the runs with a ledger
+TECHNIQUES = ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "FSDP2", "FSDP2 no reshard", "FSDP2 bf16")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One technique's step on rank 0: what it held, what it sent, how it compares."""
+
+    name: str
+    sent: dict[str, float]  # bytes this rank sent, per collective
+    calls: dict[str, int]
+    proofs: list[Proof]
+    ledger: DeviceMemory | None = None
+    tracker: dict[str, int] | None = None  # FSDPMemTracker's own peak per category (FSDP2)
+
+    @property
+    def total_sent(self) -> float:
+        return float(sum(self.sent.values()))
+
+    @property
+    def ok(self) -> bool:
+        return all(p.ok for p in self.proofs)
+
+
+@dataclass(frozen=True)
+class BucketSpan:
+    """One DDP bucket of the timed step: its parameters, bytes and all-reduce times (ns
+    from the step's start)."""
+
+    index: int
+    nbytes: int
+    params: list[str]
+    start_ns: int
+    end_ns: int
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """DDP's last timed step on rank 0: the backward, and each bucket's all-reduce."""
+
+    backward_start_ns: int
+    compute_end_ns: int  # the last gradient written
+    backward_end_ns: int  # backward() returned: every all-reduce done
+    buckets: list[BucketSpan]
+
+    @property
+    def comm_s(self) -> float:
+        return sum(b.end_ns - b.start_ns for b in self.buckets) / 1e9
+
+    @property
+    def overlapped_s(self) -> float:
+        """All-reduce time spent while the backward was still computing."""
+        return sum(max(0, min(b.end_ns, self.compute_end_ns) - max(b.start_ns,
+                   self.backward_start_ns)) for b in self.buckets) / 1e9
+
+    @property
+    def exposed_s(self) -> float:
+        """What the backward waited for communication after its last gradient."""
+        return (self.backward_end_ns - self.compute_end_ns) / 1e9
+
+
+@dataclass(frozen=True)
+class DataParallelResult:
+    """Everything lesson 06's launch measured (rank 0's view; verdicts over all ranks)."""
+
+    config: DataParallelConfig
+    world_size: int
+    backend: str
+    reason: str
+    parameters: int
+    parameter_tensors: int
+    collective_checks: list[Proof]
+    timings: dict[str, list[tuple[int, float, list[float]]]]  # (bytes, sent, times) per size
+    runs: dict[str, Run]
+    first_step_buckets: int
+    buckets: list[BucketSpan]
+    timeline: Timeline
+    no_sync_all_reduces: list[int]
+    no_sync_proof: Proof
+    fsdp_parameter: dict = field(default_factory=dict)
+
+    # -- reading the worker's JSON -----------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: dict) -> DataParallelResult:
+        config = DataParallelConfig(**{**data["config"], "collective_sizes": tuple(
+            data["config"]["collective_sizes"])})
+        lr = config.lr
+        weights_tol = lr / 10
+        ddp, runs = data["ddp"], {}
+
+        def proofs(diffs: dict, weights: float = weights_tol) -> list[Proof]:
+            tol = {"output": PROOF_TOLERANCE, "grads": PROOF_TOLERANCE, "weights": weights}
+            return [Proof(k, v, tol[k]) for k, v in diffs.items()]
+
+        runs["DDP"] = Run("DDP", ddp["comm"]["sent"], ddp["comm"]["calls"],
+                          proofs(ddp["diffs"]), _memory(ddp["ledger"]))
+        for stage, z in data["zero"].items():
+            checks = [Proof("grads", z["grads_vs_one_process"], PROOF_TOLERANCE),
+                      Proof("weights", z["vs_one_process"], weights_tol),
+                      Proof("output = DDP", z["vs_ddp"]["output"], PROOF_TOLERANCE),
+                      Proof("weights = DDP", z["vs_ddp"]["weights"], PROOF_TOLERANCE)]
+            name = f"ZeRO-{stage}"
+            runs[name] = Run(name, z["comm"]["sent"], z["comm"]["calls"], checks,
+                             _memory(z["ledger"]))
+        names = {"reshard": "FSDP2", "keep": "FSDP2 no reshard", "bf16": "FSDP2 bf16"}
+        for key, f in data["fsdp"].items():
+            if key == "bf16":
+                checks = [Proof("output (rel.)", f["relative"]["output"], BF16_RELATIVE_TOLERANCE),
+                          Proof("grads (rel.)", f["relative"]["grads"], BF16_RELATIVE_TOLERANCE),
+                          Proof("weights", f["diffs"]["weights"], 2 * lr)]
+            else:
+                checks = proofs(f["diffs"])
+            runs[names[key]] = Run(names[key], f["comm"]["sent"], f["comm"]["calls"], checks,
+                                   tracker=f["tracker"])
+        t = ddp["timeline"]
+        spans = [BucketSpan(b["index"], b["bytes"], b["params"], b["start_ns"], b["end_ns"])
+                 for b in t["buckets"]]
+        timings = {name: [(row["bytes"], row["sent_bytes"], row["times_s"]) for row in rows]
+                   for name, rows in data["collectives"]["timings"].items()}
+        return cls(
+            config=config, world_size=data["world_size"], backend=data["backend"],
+            reason=data["reason"], parameters=data["parameters"],
+            parameter_tensors=data["parameter_tensors"],
+            collective_checks=[Proof(n, v, 0.0) for n, v in
+                               data["collectives"]["checks"].items()],
+            timings=timings, runs=runs, first_step_buckets=ddp["first_buckets"],
+            buckets=spans,
+            timeline=Timeline(t["backward_start_ns"], t["compute_end_ns"],
+                              t["backward_end_ns"], spans),
+            no_sync_all_reduces=ddp["no_sync"]["all_reduces"],
+            no_sync_proof=Proof("weights", ddp["no_sync"]["weights_diff"], weights_tol),
+            fsdp_parameter=data["fsdp"]["reshard"]["parameter"],
+        )
+
+    # -- derived numbers -----------------------------------------------------------------
+    @property
+    def ok(self) -> bool:
+        """Every proof of the launch holds."""
+        return (all(p.ok for p in self.collective_checks) and self.no_sync_proof.ok
+                and all(r.ok for r in self.runs.values()))
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the model's float32 weights (the S of a gradient all-reduce)."""
+        return 4 * self.parameters
+
+    def fits(self) -> dict[str, AlphaBeta]:
+        """t = alpha + beta x bytes sent, per collective, fitted to the median times."""
+        out = {}
+        for name in COLLECTIVES:
+            rows = self.timings[name]
+            medians = [sorted(times)[len(times) // 2] for _, _, times in rows]
+            out[name] = fit_alpha_beta(name, [sent for _, sent, _ in rows], medians)
+        return out
+
+    def proof_lines(self, *names: str) -> str:
+        """One line per proof of the runs ``names`` (default: every run), run by run."""
+        unknown = [n for n in names if n not in self.runs]
+        if unknown:
+            raise ValueError(f"no run {unknown[0]!r}; valid: {', '.join(self.runs)}")
+        lines = []
+        for name in names or self.runs:
+            lines.append(f"{name}:")
+            lines += ["  " + p.line(width=15) for p in self.runs[name].proofs]
+        return "\n".join(lines)
+
+    def tracker_table(self) -> str:
+        """FSDPMemTracker's own peak per category, for each FSDP2 run (bytes on rank 0)."""
+        runs = [r for r in self.runs.values() if r.tracker]
+        cats = [c for c in runs[0].tracker if any(r.tracker[c] for r in runs)]
+        lines = [f"{'':<22}" + "".join(f"{r.name:>18}" for r in runs)]
+        lines += [f"{c:<22}" + "".join(f"{format_bytes(r.tracker[c]):>18}" for r in runs)
+                  for c in cats]
+        return "\n".join(lines)
+
+    def measured_ledgers(self) -> Ledger:
+        """Rank 0's ledger per technique that has one (DDP and the hand ZeRO stages)."""
+        return Ledger({n: r.ledger for n, r in self.runs.items() if r.ledger is not None},
+                      note=f"measured on rank 0 of {self.world_size}")
+
+    def predicted_ledgers(self) -> Ledger:
+        """The same rows as :meth:`measured_ledgers`, predicted from the model's shape by
+        ``helpers.memory``'s estimator (``dp`` ranks, ZeRO ``zero``)."""
+        shape = TransformerShape.of(self.config.lm)
+        per_rank = self.config.batch // self.world_size
+        rows = {}
+        for name, stage in ZERO_STAGE.items():
+            ledger = estimate_transformer(shape, batch=per_rank, seq=self.config.seq,
+                                          optimizer="adam", dp=self.world_size, zero=stage)
+            rows[name] = next(iter(ledger.rows.values()))
+        return Ledger(rows, note=f"predicted for rank 0 of {self.world_size}")
+
+    def bytes_table(self) -> str:
+        """Bytes each rank sent per step, per collective, against the ring formula."""
+        expected = {"DDP": 1.0, "ZeRO-1": 1.0, "ZeRO-2": 1.0, "ZeRO-3": 1.5, "FSDP2": 1.5,
+                    "FSDP2 no reshard": 1.0, "FSDP2 bf16": 1.0}
+        s, n = self.weight_bytes, self.world_size
+        one = 2 * (n - 1) / n * s
+        head = (f"{'':<17}{'all-reduce':>12}{'reduce-sc.':>12}{'all-gather':>12}{'total':>12}"
+                f"{'formula':>12}  x all-reduce")
+        lines = [head]
+        for name, run in self.runs.items():
+            cells = [run.sent.get(c, 0.0) for c in ("all_reduce", "reduce_scatter", "all_gather")]
+            lines.append(f"{name:<17}" + "".join(f"{format_bytes(c):>12}" for c in cells)
+                         + f"{format_bytes(run.total_sent):>12}"
+                         + f"{format_bytes(expected[name] * one):>12}"
+                         + f"  {run.total_sent / one:.2f}")
+        return "\n".join(lines)
+
+
+def _memory(d: dict) -> DeviceMemory:
+    return DeviceMemory(d["weights"], d["grads"], d["optimizer_state"], d["activations"])

@@ -1,0 +1,25 @@
+"""Lesson 06's launch: the data-parallel worker under ``torchrun``, checked before it starts."""
+
+from __future__ import annotations
+
+import torch
+
+from helpers.data_parallel.config import WORKER, DataParallelConfig
+from helpers.data_parallel.results import DataParallelResult
+from helpers.distributed.launcher import launch
+
+
+def launch_data_parallel(config: DataParallelConfig, *, nproc: int = 2,
+                         timeout: float = 300.0) -> DataParallelResult:
+    """Run the worker on ``nproc`` ranks (one core each) and return its typed result.
+
+    Every choice is checked here first, so a bad one fails before any process starts.
+    """
+    config.validate(nproc)
+    if config.device == "cuda" and torch.cuda.device_count() < nproc:
+        raise ValueError(
+            f"device='cuda' (NCCL) asks for one GPU per rank, {nproc} ranks, but "
+            f"{torch.cuda.device_count()} GPU(s) are visible; valid: device='cpu' (gloo) or "
+            "'auto', or nproc <= the number of GPUs")
+    return DataParallelResult.from_dict(launch(WORKER, config.args(), nproc=nproc,
+                                               timeout=timeout))
