@@ -138,7 +138,7 @@ def test_every_technique_on_two_processes_equals_one_process_and_its_prediction(
     assert result.runs["FSDP2 bf16"].sent["all_gather"] == one / 2  # 16-bit, gathered twice
     assert result.no_sync_all_reduces == [0, 1] and result.first_step_buckets == 1
     fsdp = result.runs["FSDP2"].tracker
-    assert fsdp["sharded_params"] == result.weight_bytes // 2
+    assert fsdp.sharded_params == result.weight_bytes // 2
     # stage 2's gradients and stage 3's weights: half, plus one whole unit (a block here)
     block = 4 * sum(p.numel() for p in build_model(config.lm).blocks[0].parameters())
     assert measured["ZeRO-2"].grads == measured["ZeRO-3"].weights == result.weight_bytes // 2 + block

@@ -54,7 +54,7 @@ STEPS = (
         "lesson 06: DDP, hand ZeRO-1/2/3 and FSDP2 on one GPU per rank (NCCL, at most 2 ranks; "
         "1 GPU: world size 1, nothing sent), full profile: proofs, bytes sent per technique, "
         "ledgers measured vs predicted, alpha-beta fit per collective",
-        45,
+        60,
         30,
     ),
     Step(

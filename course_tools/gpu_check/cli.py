@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         "budget: before each step its estimate is printed; a step is not started when the "
         "elapsed time plus its estimate would exceed --budget, and it and every later step are "
         "recorded as skipped with reason 'budget'. A step already running is not cut, so run it "
-        "under a timeout that leaves time to rerun, e.g. `timeout 420 make gpu-check`.",
+        "under a timeout that leaves time to rerun, e.g. `timeout 540 make gpu-check`.",
         "results: results/gpu_check.json and results/gpu_check.md (--smoke: "
         "gpu_check_smoke.json/.md), rewritten after every step; figures under results/. "
         "Exit status 1 when a step failed.",

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 from course_tools.gpu_check.context import Step, StepSkipped
 
-DEFAULT_BUDGET_S = 330.0
+DEFAULT_BUDGET_S = 420.0
 
 Execute = Callable[[Step, dict], None]
 Report = Callable[[list[dict], str | None], None]

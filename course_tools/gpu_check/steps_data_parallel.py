@@ -14,6 +14,7 @@ With one GPU the world size is 1: every collective sends nothing and nothing is 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import asdict
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
@@ -149,7 +150,8 @@ def fit_figures(result: DataParallelResult) -> dict:
 def tracker_figures(result: DataParallelResult, outcome: str) -> dict:
     """FSDPMemTracker's own peaks per FSDP2 run, or why they are missing."""
     return {"outcome": outcome,
-            "own_peaks": {name: run.tracker for name, run in result.runs.items() if run.tracker}}
+            "own_peaks": {name: asdict(run.tracker) for name, run in result.runs.items()
+                          if run.tracker}}
 
 
 def record(result: DataParallelResult, outcome: str, fig: dict) -> None:

@@ -29,7 +29,7 @@ class DataParallelConfig:
     bucket_cap_mb: float = 2.0
     collective_sizes: tuple[int, ...] = (2**12, 2**16, 2**20, 2**22)  # bytes, full tensor
     repeats: int = 5
-    collective_repeats: int = 10  # each collective's timed calls per size (they are cheap)
+    collective_repeats: int = 10  # calls per timed round of a collective (back to back)
     warmup: int = 2
     lr: float = 1e-3
     device: str = "auto"  # "cpu" (gloo), "cuda" (NCCL), or "auto"

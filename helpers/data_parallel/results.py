@@ -12,7 +12,7 @@ Tolerances (float32 unless said):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from helpers.core.checks import Proof
 from helpers.core.sizes import format_bytes
@@ -29,6 +29,44 @@ TECHNIQUES = ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "FSDP2", "FSDP2 no reshard", 
 
 
 @dataclass(frozen=True)
+class TrackedMemory:
+    """``FSDPMemTracker``'s own peak per category on rank 0 (bytes), for one FSDP2 step."""
+
+    sharded_params: int = 0
+    unsharded_params: int = 0
+    sharded_grads: int = 0
+    unsharded_grads: int = 0
+    activations: int = 0
+    temp: int = 0
+    all_gather: int = 0
+    reduce_scatter: int = 0
+    optimizer_state: int = 0
+    inputs: int = 0
+    buffers: int = 0
+
+    @classmethod
+    def from_dict(cls, data: dict[str, int]) -> TrackedMemory:
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass(frozen=True)
+class ShardedParameter:
+    """One parameter as FSDP2 holds it on rank 0."""
+
+    name: str
+    type: str
+    placements: list[str]
+    local_shape: list[int]
+    global_shape: list[int]
+    dtype: str
+
+    def line(self) -> str:
+        return (f"{self.name}: a {self.type} with placements {self.placements}, {self.dtype}; "
+                f"rank 0 holds {self.local_shape} of {self.global_shape}")
+
+
+@dataclass(frozen=True)
 class Run:
     """One technique's step on rank 0: what it held, what it sent, how it compares."""
 
@@ -37,7 +75,7 @@ class Run:
     calls: dict[str, int]
     proofs: list[Proof]
     ledger: DeviceMemory | None = None
-    tracker: dict[str, int] | None = None  # FSDPMemTracker's own peak per category (FSDP2)
+    tracker: TrackedMemory | None = None  # FSDP2 runs: FSDPMemTracker's own peaks
 
     @property
     def total_sent(self) -> float:
@@ -103,7 +141,7 @@ class DataParallelResult:
     timeline: Timeline
     no_sync_all_reduces: list[int]
     no_sync_proof: Proof
-    fsdp_parameter: dict = field(default_factory=dict)
+    fsdp_parameter: ShardedParameter | None = None
 
     # -- reading the worker's JSON -----------------------------------------------------
     @classmethod
@@ -137,7 +175,7 @@ class DataParallelResult:
             else:
                 checks = proofs(f["diffs"])
             runs[names[key]] = Run(names[key], f["comm"]["sent"], f["comm"]["calls"], checks,
-                                   tracker=f["tracker"])
+                                   tracker=TrackedMemory.from_dict(f["tracker"]))
         t = ddp["timeline"]
         spans = [BucketSpan(b["index"], b["bytes"], b["params"], b["start_ns"], b["end_ns"])
                  for b in t["buckets"]]
@@ -155,7 +193,7 @@ class DataParallelResult:
                               t["backward_end_ns"], spans),
             no_sync_all_reduces=ddp["no_sync"]["all_reduces"],
             no_sync_proof=Proof("weights", ddp["no_sync"]["weights_diff"], weights_tol),
-            fsdp_parameter=data["fsdp"]["reshard"]["parameter"],
+            fsdp_parameter=ShardedParameter(**data["fsdp"]["reshard"]["parameter"]),
         )
 
     # -- derived numbers -----------------------------------------------------------------
@@ -193,9 +231,10 @@ class DataParallelResult:
     def tracker_table(self) -> str:
         """FSDPMemTracker's own peak per category, for each FSDP2 run (bytes on rank 0)."""
         runs = [r for r in self.runs.values() if r.tracker]
-        cats = [c for c in runs[0].tracker if any(r.tracker[c] for r in runs)]
+        cats = [c for c in TrackedMemory.__dataclass_fields__
+                if any(getattr(r.tracker, c) for r in runs)]
         lines = [f"{'':<22}" + "".join(f"{r.name:>18}" for r in runs)]
-        lines += [f"{c:<22}" + "".join(f"{format_bytes(r.tracker[c]):>18}" for r in runs)
+        lines += [f"{c:<22}" + "".join(f"{format_bytes(getattr(r.tracker, c)):>18}" for r in runs)
                   for c in cats]
         return "\n".join(lines)
 

@@ -53,7 +53,9 @@ MODULE = WORKER
 
 
 def collectives_section(rank: Rank, config: DataParallelConfig) -> dict:
-    """What each collective computes (checked against a local computation), and its times."""
+    """What each collective computes (checked against a local computation), and its times:
+    after warm-up calls, ``repeats`` rounds of ``collective_repeats`` calls back to back (as
+    nccl-tests times them), each round's time divided by its calls."""
     n, r, device = rank.world_size, rank.rank, rank.device
     checks = {}
     for name in COLLECTIVES:
@@ -66,13 +68,15 @@ def collectives_section(rank: Rank, config: DataParallelConfig) -> dict:
         rows = []
         for nbytes in config.collective_sizes:
             full = torch.ones(max(n, nbytes // 4), device=device)
-            times = []
-            for i in range(config.warmup + config.collective_repeats):
+            for _ in range(config.warmup):
+                run_collective(name, full, r, n)
+            times = []  # per call, averaged over a round of back-to-back calls
+            for _ in range(config.repeats):
                 dist.barrier()
                 start = synchronized_clock()
-                run_collective(name, full, r, n)
-                if i >= config.warmup:
-                    times.append(synchronized_clock() - start)
+                for _ in range(config.collective_repeats):
+                    run_collective(name, full, r, n)
+                times.append((synchronized_clock() - start) / config.collective_repeats)
             rows.append({"bytes": full.numel() * 4,
                          "sent_bytes": ring_bytes(name, n, full.numel() * 4), "times_s": times})
         timings[name] = rows
