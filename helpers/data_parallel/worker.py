@@ -123,7 +123,7 @@ def zero_section(rank: Rank, config: DataParallelConfig, model, ids, labels, ref
     """Each hand-written ZeRO stage: one step, its ledger, its bytes, its proofs."""
     n, r = rank.world_size, rank.rank
     x, y = rows_of(ids, r, n), rows_of(labels, r, n)
-    out = {}
+    out, weights = {}, {}
     for stage in (1, 2, 3):
         local = copy.deepcopy(model)
         zero = HandZero(local, fsdp_units(local), stage, lr=config.lr)
@@ -132,23 +132,24 @@ def zero_section(rank: Rank, config: DataParallelConfig, model, ids, labels, ref
             output = zero.step(x, y, default_loss)
         zero.remove()
         ledger = DeviceMemory(**zero.peak, activations=sum(meter.peak.values()))
-        weights = zero.full_weights()
+        weights[stage] = zero.full_weights()
         mine = [(name, g.view(-1).chunk(n)[r]) for name, g in ref.grads]  # slice r of each
         out[stage] = {
             "grads_vs_one_process": max_over_ranks(max_diff(zero.grad_slices(), mine), rank),
             "ledger": asdict(ledger), "comm": _counted(counter),
             "vs_ddp": {"output": max_over_ranks(
                            (output.cpu() - ddp_first["output"]).abs().max().item(), rank),
-                       "weights": max_over_ranks(max_diff(weights, ddp_first["weights"]), rank)},
-            "vs_one_process": max_over_ranks(max_diff(weights, ref.weights), rank),
+                       "weights": max_over_ranks(max_diff(weights[stage], ddp_first["weights"]),
+                                                 rank)},
+            "vs_one_process": max_over_ranks(max_diff(weights[stage], ref.weights), rank),
         }
-    return out
+    return out, weights[3]
 
 
-def fsdp_section(rank: Rank, config: DataParallelConfig, model, ids, labels, ref) -> dict:
-    """FSDP2: its DTensor parameters, its proof against one process (and against the hand
-    ZeRO-3, through the same reference), its bytes with and without resharding, and its
-    mixed-precision step."""
+def fsdp_section(rank: Rank, config: DataParallelConfig, model, ids, labels, ref,
+                 zero3_weights: list) -> dict:
+    """FSDP2: its DTensor parameters, its proofs against one process and against the hand
+    ZeRO-3, its bytes with and without resharding, and its mixed-precision step."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
@@ -175,7 +176,9 @@ def fsdp_section(rank: Rank, config: DataParallelConfig, model, ids, labels, ref
             "parameter": described, "comm": _counted(step["counter"]),
             "diffs": {"output": max_over_ranks(max_diff(*output), rank),
                       "grads": max_over_ranks(max_diff(step["grads"], ref.grads), rank),
-                      "weights": max_over_ranks(max_diff(step["weights"], ref.weights), rank)},
+                      "weights": max_over_ranks(max_diff(step["weights"], ref.weights), rank),
+                      "zero3_weights": max_over_ranks(max_diff(step["weights"], zero3_weights),
+                                                      rank)},
             "relative": {"output": max_over_ranks(max_relative_diff(*output), rank),
                          "grads": max_over_ranks(max_relative_diff(step["grads"], ref.grads),
                                                  rank)},
@@ -197,8 +200,9 @@ def main(argv: list[str] | None = None) -> None:
                   "parameter_tensors": len(list(model.parameters()))}
         result["collectives"] = collectives_section(rank, config)
         result["ddp"], ddp_first = ddp_section(rank, config, model, ids, labels, ref)
-        result["zero"] = zero_section(rank, config, model, ids, labels, ref, ddp_first)
-        result["fsdp"] = fsdp_section(rank, config, model, ids, labels, ref)
+        result["zero"], zero3_weights = zero_section(rank, config, model, ids, labels, ref,
+                                                     ddp_first)
+        result["fsdp"] = fsdp_section(rank, config, model, ids, labels, ref, zero3_weights)
         write_result(rank, result)
 
 

@@ -1,0 +1,81 @@
+"""The typed pieces of lesson 06's result: DDP's timeline, FSDP2's tracked memory, a
+sharded parameter."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TrackedMemory:
+    """``FSDPMemTracker``'s own peak per category on rank 0 (bytes), for one FSDP2 step."""
+
+    sharded_params: int = 0
+    unsharded_params: int = 0
+    sharded_grads: int = 0
+    unsharded_grads: int = 0
+    activations: int = 0
+    temp: int = 0
+    all_gather: int = 0
+    reduce_scatter: int = 0
+    optimizer_state: int = 0
+    inputs: int = 0
+    buffers: int = 0
+
+    @classmethod
+    def from_dict(cls, data: dict[str, int]) -> TrackedMemory:
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass(frozen=True)
+class ShardedParameter:
+    """One parameter as FSDP2 holds it on rank 0."""
+
+    name: str
+    type: str
+    placements: list[str]
+    local_shape: list[int]
+    global_shape: list[int]
+    dtype: str
+
+    def line(self) -> str:
+        return (f"{self.name}: a {self.type} with placements {self.placements}, {self.dtype}; "
+                f"rank 0 holds {self.local_shape} of {self.global_shape}")
+
+
+@dataclass(frozen=True)
+class BucketSpan:
+    """One DDP bucket of the timed step: its parameters, bytes and all-reduce times (ns
+    from the step's start)."""
+
+    index: int
+    nbytes: int
+    params: list[str]
+    start_ns: int
+    end_ns: int
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """DDP's last timed step on rank 0: the backward, and each bucket's all-reduce."""
+
+    backward_start_ns: int
+    compute_end_ns: int  # the last gradient written
+    backward_end_ns: int  # backward() returned: every all-reduce done
+    buckets: list[BucketSpan]
+
+    @property
+    def comm_s(self) -> float:
+        return sum(b.end_ns - b.start_ns for b in self.buckets) / 1e9
+
+    @property
+    def overlapped_s(self) -> float:
+        """All-reduce time spent while the backward was still computing."""
+        return sum(max(0, min(b.end_ns, self.compute_end_ns) - max(b.start_ns,
+                   self.backward_start_ns)) for b in self.buckets) / 1e9
+
+    @property
+    def exposed_s(self) -> float:
+        """What the backward waited for communication after its last gradient."""
+        return (self.backward_end_ns - self.compute_end_ns) / 1e9
