@@ -40,11 +40,13 @@ The lessons
   ``tensor_parallel.runs`` (their launches, on one node or several) and
   ``tensor_parallel.results`` (the typed results they return).
 - every lesson ``memory``: ``ledger``, ``measure`` and ``saved`` (one step, counted),
-  ``estimate``, ``layer_rules`` and ``transformer`` (predicted from shapes), ``cuts``,
-  ``fits`` (what fits where), ``plots``.
+  ``estimate``, ``parameters``, ``layer_rules`` and ``transformer`` (predicted from shapes;
+  data-parallel sharding and recomputation too), ``cuts``, ``fits`` (what fits where),
+  ``recompute``, ``torch_trackers``, ``plots``.
 - every lesson ``exercises``: ``feedback`` (the verdicts and the ``checker`` decorator), one
-  checker module per topic (``model_parallel`` 01-02, ``pipeline`` 03-04, ``placement`` 05, ``data_parallel`` and ``collectives`` 06,
-  ``tensor_parallel`` 07, ``torchrun`` 08), ``two_ranks`` (a real gloo group as threads) and
+  checker module per topic (``model_parallel`` 01-02, ``pipeline`` 03-04, ``placement`` 05,
+  ``data_parallel`` and ``collectives`` 06, ``tensor_parallel`` 07, ``torchrun`` 08),
+  ``two_ranks`` (a real gloo group as threads) and
   ``solutions`` (the reference answers in solutions/).
 - ``tp_demo``: the source script's command line, a thin layer over ``tensor_parallel``.
 """

@@ -60,11 +60,14 @@ def training_step(
     *,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     lr: float = 0.01,
+    optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None,
 ) -> StepResult:
-    """Forward in training mode, backward, one SGD step; labels go to the output's device."""
+    """Forward in training mode, backward, one optimizer step (SGD at ``lr`` unless
+    ``optimizer`` builds another from the parameters); labels go to the output's device."""
     loss_fn = loss_fn or nn.MSELoss()
     model.train(True)  # a *training* step: BatchNorm uses the batch's statistics
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    params = list(model.parameters())
+    optimizer = optimizer(params) if optimizer else torch.optim.SGD(params, lr=lr)
     optimizer.zero_grad()
     output = model(inputs)
     loss = loss_fn(output, labels.to(output.device))

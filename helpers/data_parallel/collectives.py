@@ -71,14 +71,12 @@ def _nbytes(value: object) -> int:
 class CommCounter(TorchDispatchMode):
     """Counts the collectives issued inside ``with CommCounter(world_size):``, per kind.
 
-    ``calls`` and ``sent`` (bytes this rank sends, by :func:`ring_bytes`) per collective;
-    ``log`` keeps (collective, full tensor bytes) in issue order.
+    ``calls`` and ``sent`` (bytes this rank sends, by :func:`ring_bytes`) per collective.
     """
 
     world_size: int
     calls: Counter = field(default_factory=Counter)
     sent: Counter = field(default_factory=Counter)
-    log: list[tuple[str, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         super().__init__()
@@ -89,7 +87,6 @@ class CommCounter(TorchDispatchMode):
             full = _nbytes(args[which])
             self.calls[name] += 1
             self.sent[name] += ring_bytes(name, self.world_size, full)
-            self.log.append((name, full))
         return func(*args, **(kwargs or {}))
 
     @property

@@ -46,11 +46,12 @@ class BucketLog:
     def hook(self, state, bucket):  # unannotated: DDP checks the annotation's type
         """DDP's default all-reduce (mean over the ranks) of a ``dist.GradBucket``,
         timestamped; returns its future."""
-        record = {"index": bucket.index(), "bytes": bucket.buffer().numel() * 4,
+        buffer = bucket.buffer()
+        record = {"index": bucket.index(), "bytes": buffer.numel() * buffer.element_size(),
                   "params": [self.names[id(p)] for p in bucket.parameters()],
                   "start_ns": time.perf_counter_ns(), "end_ns": None}
         self.buckets.append(record)
-        buffer = bucket.buffer().div_(self.world_size)
+        buffer.div_(self.world_size)
         future = dist.all_reduce(buffer, group=self.group, async_op=True).get_future()
 
         def done(fut: torch.futures.Future) -> torch.Tensor:

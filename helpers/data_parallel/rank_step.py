@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from helpers.core.checks import StepResult
+from helpers.core.checks import StepResult, max_abs_diff, training_step
 from helpers.memory.measure import default_loss
 from helpers.placement.tiny_lm import TinyLM, build_lm
 
@@ -48,14 +47,8 @@ def named_copy(pairs: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, tor
 def reference_step(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor,
                    lr: float) -> StepResult:
     """One process, the whole batch, one Adam step, on a copy of ``model``."""
-    ref = copy.deepcopy(model)
-    opt = adam(ref.parameters(), lr)
-    out = ref(ids)
-    loss = default_loss(out, labels)
-    loss.backward()
-    grads = named_copy((n, p.grad) for n, p in ref.named_parameters())
-    opt.step()
-    return StepResult(out.detach().cpu(), loss.item(), grads, named_copy(ref.named_parameters()))
+    return training_step(copy.deepcopy(model), ids, labels, loss_fn=default_loss,
+                         optimizer=lambda params: adam(params, lr))
 
 
 def storage_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
@@ -72,22 +65,13 @@ def optimizer_state(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
 
 
-@dataclass(frozen=True)
-class Diffs:
-    """Largest |difference| of a run's step against the reference, per quantity."""
-
-    output: float
-    grads: float
-    weights: float
-
-
 def max_diff(pairs_a, pairs_b) -> float:
     """Largest |a - b| over matching named tensors (names must agree)."""
     worst = 0.0
     for (na, a), (nb, b) in zip(pairs_a, pairs_b, strict=True):
         if na != nb:
             raise ValueError(f"parameters out of order: {na!r} vs {nb!r}")
-        worst = max(worst, (a.detach().cpu().float() - b.detach().cpu().float()).abs().max().item())
+        worst = max(worst, max_abs_diff(a, b))
     return worst
 
 

@@ -28,7 +28,6 @@ from helpers.memory.transformer import TransformerShape
 PROOF_TOLERANCE = 1e-6
 BF16_RELATIVE_TOLERANCE = 2**-5
 ZERO_STAGE = {"DDP": 0, "ZeRO-1": 1, "ZeRO-2": 2, "ZeRO-3": 3}  # the runs with a ledger
-TECHNIQUES = ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "FSDP2", "FSDP2 no reshard", "FSDP2 bf16")
 
 
 @dataclass(frozen=True)
