@@ -46,8 +46,9 @@ def plot_ddp_timeline(result: DataParallelResult, path: str | Path) -> Path:
     ax.axvline(t.backward_end_ns * ms, color="k", ls="--", lw=1, label="backward() returns")
     ax.set_yticks([i + 0.4 for i in range(len(t.buckets) + 1)],
                   [f"bucket {b.index}" for b in t.buckets] + ["compute"])
+    ax.set_xlim(t.backward_start_ns * ms * 0.9, t.backward_end_ns * ms * 1.1)  # room for labels
     ax.set_xlabel("time since the step started (ms)")
     ax.set_title("DDP: each bucket's all-reduce starts when its last gradient is written")
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     return save_figure(fig, path)
