@@ -15,17 +15,12 @@ import torch
 
 from helpers.core.profiles import PROFILES
 from helpers.data_parallel.config import DataParallelConfig
-from helpers.data_parallel.results import DataParallelResult
+from helpers.data_parallel.results import ALL_REDUCES_PER_STEP, DataParallelResult
 from helpers.data_parallel.runs import launch_data_parallel
 
 FULL = PROFILES["full"]
 CPU_MODEL = {"hidden": 512, "blocks": 4, "seq": 128}  # the middle size, on the CPU
 RANKS = 2
-# bytes each technique sends, in all-reduces of the float32 weights (the ring formula):
-# reduce-scatter + all-gather = 1; ZeRO-3 and FSDP2 gather twice (forward, backward) = 1.5;
-# without resharding once; in bfloat16 each all-gather sends half
-FORMULA_RATIO = {"DDP": 1.0, "ZeRO-1": 1.0, "ZeRO-2": 1.0, "ZeRO-3": 1.5, "FSDP2": 1.5,
-                 "FSDP2 no reshard": 1.0, "FSDP2 bf16": 1.0}
 
 
 def bench_config(cuda: bool | None = None) -> DataParallelConfig:
@@ -63,15 +58,14 @@ def ledger_figures(result: DataParallelResult) -> dict:
 
 def bytes_figures(result: DataParallelResult) -> dict:
     """Bytes rank 0 sent per technique and collective, in all-reduces, against the formula."""
-    n = result.world_size
-    one = 2 * (n - 1) / n * result.weight_bytes
+    one = result.all_reduce_bytes
     out = {}
     for name, run in result.runs.items():
         ratio = run.total_sent / one
         out[name] = {**{c: float(b) for c, b in run.sent.items()}, "calls": dict(run.calls),
                      "total": run.total_sent, "x_all_reduce": ratio,
-                     "formula_x_all_reduce": FORMULA_RATIO[name],
-                     "matches_formula": abs(ratio - FORMULA_RATIO[name]) < 1e-3}
+                     "formula_x_all_reduce": ALL_REDUCES_PER_STEP[name],
+                     "matches_formula": abs(run.total_sent - result.formula_bytes(name)) < 1e-3 * one}
     return out
 
 

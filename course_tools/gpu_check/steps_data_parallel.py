@@ -117,8 +117,7 @@ def proof_figures(result: DataParallelResult) -> dict:
 
 def bytes_figures(result: DataParallelResult) -> dict:
     """Bytes rank 0 sent per technique and collective, and the total over one all-reduce."""
-    s, n = result.weight_bytes, result.world_size
-    one = 2 * (n - 1) / n * s
+    s, one = result.weight_bytes, result.all_reduce_bytes
     rows = {name: {**{c: float(b) for c, b in run.sent.items()}, "total": run.total_sent,
                    "x_all_reduce": run.total_sent / one if one else None}
             for name, run in result.runs.items()}

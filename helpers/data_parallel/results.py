@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from helpers.core.checks import Proof
 from helpers.core.sizes import format_bytes
-from helpers.data_parallel.collectives import COLLECTIVES, AlphaBeta, fit_alpha_beta
+from helpers.data_parallel.collectives import COLLECTIVES, AlphaBeta, fit_alpha_beta, ring_bytes
 from helpers.data_parallel.config import DataParallelConfig
 from helpers.data_parallel.measured import BucketSpan, ShardedParameter, Timeline, TrackedMemory
 from helpers.memory.estimate import estimate_transformer
@@ -28,6 +28,11 @@ from helpers.memory.transformer import TransformerShape
 PROOF_TOLERANCE = 1e-6
 BF16_RELATIVE_TOLERANCE = 2**-5
 ZERO_STAGE = {"DDP": 0, "ZeRO-1": 1, "ZeRO-2": 2, "ZeRO-3": 3}  # the runs with a ledger
+# bytes each run sends per step, in all-reduces of the float32 weights (the ring formula):
+# reduce-scatter + all-gather = 1; ZeRO-3 and FSDP2 gather twice (forward, backward) = 1.5;
+# without resharding once; in bfloat16 each all-gather sends half (2 x 1/4 + 1/2 = 1)
+ALL_REDUCES_PER_STEP = {"DDP": 1.0, "ZeRO-1": 1.0, "ZeRO-2": 1.0, "ZeRO-3": 1.5, "FSDP2": 1.5,
+                        "FSDP2 no reshard": 1.0, "FSDP2 bf16": 1.0}
 
 
 @dataclass(frozen=True)
@@ -137,6 +142,15 @@ class DataParallelResult:
         """Bytes of the model's float32 weights (the S of a gradient all-reduce)."""
         return 4 * self.parameters
 
+    @property
+    def all_reduce_bytes(self) -> float:
+        """Bytes a rank sends in one ring all-reduce of the weights (0 on one rank)."""
+        return ring_bytes("all_reduce", self.world_size, self.weight_bytes)
+
+    def formula_bytes(self, name: str) -> float:
+        """What run ``name`` should send per step, by :data:`ALL_REDUCES_PER_STEP`."""
+        return ALL_REDUCES_PER_STEP[name] * self.all_reduce_bytes
+
     def fits(self) -> dict[str, AlphaBeta]:
         """t = alpha + beta x bytes sent, per collective, fitted to the median times."""
         out = {}
@@ -186,10 +200,7 @@ class DataParallelResult:
 
     def bytes_table(self) -> str:
         """Bytes each rank sent per step, per collective, against the ring formula."""
-        expected = {"DDP": 1.0, "ZeRO-1": 1.0, "ZeRO-2": 1.0, "ZeRO-3": 1.5, "FSDP2": 1.5,
-                    "FSDP2 no reshard": 1.0, "FSDP2 bf16": 1.0}
-        s, n = self.weight_bytes, self.world_size
-        one = 2 * (n - 1) / n * s
+        one = self.all_reduce_bytes
         head = (f"{'':<17}{'all-reduce':>12}{'reduce-sc.':>12}{'all-gather':>12}{'total':>12}"
                 f"{'formula':>12}  x all-reduce")
         lines = [head]
@@ -197,8 +208,8 @@ class DataParallelResult:
             cells = [run.sent.get(c, 0.0) for c in ("all_reduce", "reduce_scatter", "all_gather")]
             lines.append(f"{name:<17}" + "".join(f"{format_bytes(c):>12}" for c in cells)
                          + f"{format_bytes(run.total_sent):>12}"
-                         + f"{format_bytes(expected[name] * one):>12}"
-                         + f"  {run.total_sent / one:.2f}")
+                         + f"{format_bytes(self.formula_bytes(name)):>12}"
+                         + (f"  {run.total_sent / one:.2f}" if one else "  -"))
         return "\n".join(lines)
 
 

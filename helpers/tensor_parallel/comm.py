@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from helpers.core.sizes import format_bytes
+from helpers.data_parallel.collectives import ring_bytes
 from helpers.tensor_parallel.ffn import validate_split
 
 
@@ -64,10 +65,9 @@ def tp_forward(shard: nn.Module, x: torch.Tensor, group=None) -> torch.Tensor:
 
 
 def ring_allreduce_bytes(tensor_bytes: float, world_size: int) -> float:
-    """Bytes each rank sends in a ring all-reduce: reduce-scatter + all-gather, 2(p-1)/p."""
-    if world_size < 1:
-        raise ValueError(f"world_size={world_size!r}; valid: an integer >= 1")
-    return 2 * (world_size - 1) / world_size * tensor_bytes
+    """Bytes each rank sends in a ring all-reduce: reduce-scatter + all-gather, 2(p-1)/p
+    (lesson 06's ``ring_bytes``)."""
+    return ring_bytes("all_reduce", world_size, tensor_bytes)
 
 
 @dataclass(frozen=True)
