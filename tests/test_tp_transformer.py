@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from helpers.exercises.two_ranks import run_ranks
+from helpers.placement.attention import GQAAttention, rope
 from helpers.placement.tiny_lm import Block
 from helpers.tensor_parallel import transformer_block
-from helpers.tensor_parallel.attention_shards import GQAAttention, head_ranges, rope
+from helpers.tensor_parallel.attention_shards import head_ranges
 from helpers.tensor_parallel.transformer_block import (
-    LlamaBlock,
     TPBlock,
     format_split,
     shard_block,
@@ -27,7 +27,7 @@ HIDDEN, FFN, HEADS, KV_HEADS = 64, 128, 8, 4
 
 def _block(rope_on=True, kv_heads=KV_HEADS):
     torch.manual_seed(0)
-    block = LlamaBlock(HIDDEN, FFN, HEADS, kv_heads, rope=rope_on)
+    block = Block(HIDDEN, FFN, HEADS, kv_heads, rope=rope_on)
     with torch.no_grad():  # norm weights away from 1, so their gradients are tested
         for norm in (block.attn_norm, block.mlp_norm):
             norm.weight.uniform_(0.5, 1.5)
@@ -42,13 +42,15 @@ def _diff(a, b):
     return (a.detach().double() - b.detach().double()).abs().max().item()
 
 
-def test_without_gqa_and_rope_it_is_tiny_lm_block():
+def test_rope_changes_the_block_and_kv_heads_shrink_k_and_v():
     torch.manual_seed(3)
-    reference = Block(HIDDEN, FFN, HEADS)
-    block = LlamaBlock(HIDDEN, FFN, HEADS, HEADS, rope=False)
-    block.load_state_dict(reference.state_dict())
+    plain = Block(HIDDEN, FFN, HEADS)
+    turned = Block(HIDDEN, FFN, HEADS, rope=True)
+    turned.load_state_dict(plain.state_dict())
     x = _input()
-    assert _diff(block(x), reference(x)) <= 1e-6
+    assert _diff(turned(x)[:, 0], plain(x)[:, 0]) <= 1e-6  # position 0 is not turned
+    assert _diff(turned(x), plain(x)) > 1e-3
+    assert Block(HIDDEN, FFN, HEADS, KV_HEADS).attn.k_proj.weight.shape == (HIDDEN // 2, HIDDEN)
 
 
 def test_gqa_is_attention_with_each_kv_head_repeated():
@@ -163,7 +165,7 @@ def test_without_f_the_replicated_norms_get_different_gradients(monkeypatch):
     ],
 )
 def test_refuses_a_tp_that_does_not_split_evenly(heads, kv_heads, ffn, tp, named):
-    block = LlamaBlock(HIDDEN, ffn, heads, kv_heads)
+    block = Block(HIDDEN, ffn, heads, kv_heads)
     for call in (lambda: split_weights(block, 0, tp), lambda: shard_block(block, 0, tp)):
         with pytest.raises(ValueError) as error:
             call()
@@ -177,7 +179,7 @@ def test_refuses_a_tp_that_does_not_split_evenly(heads, kv_heads, ffn, tp, named
 def test_refuses_shapes_that_do_not_split_into_heads(sizes, named):
     hidden, heads, kv_heads = sizes
     with pytest.raises(ValueError, match=named):
-        LlamaBlock(hidden, FFN, heads, kv_heads)
+        Block(hidden, FFN, heads, kv_heads)
 
 
 def test_refuses_a_bad_rank_and_a_missing_group():

@@ -95,6 +95,21 @@ class DataParallelSizes:
     collective_sizes: tuple[int, ...]  # bytes of the full tensor, for the alpha-beta fit
 
 
+@dataclass(frozen=True)
+class TransformerTPSizes:
+    """Lesson 09: tensor parallelism of a whole small Llama (GQA, RoPE) over 2 and 4 ranks."""
+
+    vocab: int  # not a multiple of 4: the 4-rank run pads it
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    layers: int
+    seq: int
+    batch: int
+    time_steps: int  # timed training steps per setting, after the warm-up
+
+
 # the source's documented command: torch_tp_demo.py --hidden_size 512 --ffn_size 4096 ...
 SOURCE_FFN = FFNSizes(512, 4096, 512, 8, world_size=4, iters=32, warmup=4)
 
@@ -114,11 +129,12 @@ class Profile:
     wide_ffn: FFNSizes  # lesson 08 also times the forward here: wide enough for p = 2 to pay
     lm: LMSizes
     data_parallel: DataParallelSizes
+    transformer_tp: TransformerTPSizes
 
     def describe(self, topic: str | None = None) -> str:
         """One line naming the profile and the sizes that ``topic`` (a lesson's subject) uses."""
         t, r, p, s, f, m = self.toy, self.resnet, self.pipeline, self.schedules, self.ffn, self.lm
-        w, d = self.wide_ffn, self.data_parallel
+        w, d, x = self.wide_ffn, self.data_parallel, self.transformer_tp
         sizes = {
             "toy": f"toy model {t.inputs} -> {t.hidden} -> {t.outputs}, batch {t.batch}",
             "resnet": f"ResNet50 batch {r.batch} at {r.image_size}x{r.image_size}, "
@@ -133,6 +149,9 @@ class Profile:
             f"{m.blocks} blocks; global batch {d.batch} x {m.seq} tokens, DDP buckets of "
             f"{d.bucket_cap_mb:g} MB, collectives timed at {len(d.collective_sizes)} sizes "
             f"up to {format_bytes(d.collective_sizes[-1])}",
+            "transformer_tp": f"Llama: vocab {x.vocab}, hidden {x.hidden}, {x.heads} heads "
+            f"({x.kv_heads} key/value), MLP {x.ffn}, {x.layers} blocks; batch {x.batch} x "
+            f"{x.seq} tokens; {x.time_steps} timed steps",
             "ffn": f"FFN hidden {f.hidden_size}, ffn {f.ffn_size}, seq {f.seq_len}, "
             f"batch {f.batch_size}, world size {f.world_size}",
             "ffn_timing": f"FFN hidden {f.hidden_size}, ffn {f.ffn_size}, seq {f.seq_len}, "
@@ -162,6 +181,8 @@ PROFILES: dict[str, Profile] = {
         lm=SMALL_LM,
         data_parallel=DataParallelSizes(batch=4, accumulation=2, bucket_cap_mb=2.0,
                                         collective_sizes=(2**10, 2**14, 2**18)),
+        transformer_tp=TransformerTPSizes(vocab=250, hidden=64, heads=8, kv_heads=4, ffn=192,
+                                          layers=2, seq=16, batch=2, time_steps=2),
     ),
     "small": Profile(
         "small", warmup=2, repeats=3, toy=ToySizes(),
@@ -172,6 +193,8 @@ PROFILES: dict[str, Profile] = {
         wide_ffn=FFNSizes(512, 4096, 128, 4, world_size=4, iters=7, warmup=2),
         lm=SMALL_LM,
         data_parallel=SMALL_DP,
+        transformer_tp=TransformerTPSizes(vocab=1002, hidden=256, heads=8, kv_heads=4, ffn=768,
+                                          layers=2, seq=64, batch=4, time_steps=5),
     ),
     "full": Profile(
         "full", warmup=2, repeats=10, toy=ToySizes(),
@@ -183,6 +206,8 @@ PROFILES: dict[str, Profile] = {
         lm=LMSizes(vocab=32000, hidden=1024, blocks=8, batch=8, seq=256),
         data_parallel=DataParallelSizes(batch=8, accumulation=2, bucket_cap_mb=25.0,
                                         collective_sizes=tuple(2**k for k in range(10, 29, 2))),
+        transformer_tp=TransformerTPSizes(vocab=32002, hidden=1024, heads=16, kv_heads=4,
+                                          ffn=2816, layers=4, seq=256, batch=4, time_steps=10),
     ),
 }  # fmt: skip
 

@@ -23,11 +23,22 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
+
 # torch 2.14 calls the one-tensor forms all_gather_single and reduce_scatter_single (the
 # older names, all_gather_into_tensor and reduce_scatter_tensor, now warn); older releases
 # have only the older names. Same arguments: (output, input, ..., group=...).
-all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+# Looked up at each call, so that a clock wrapping ``torch.distributed``'s functions sees them.
+def all_gather(output: torch.Tensor, input: torch.Tensor, **kwargs: object):
+    """Every rank's ``input``, concatenated along dim 0 into ``output``."""
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return gather(output, input, **kwargs)
+
+
+def reduce_scatter(output: torch.Tensor, input: torch.Tensor, **kwargs: object):
+    """This rank's chunk (along dim 0) of the sum over ranks of ``input``, into ``output``."""
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return scatter(output, input, **kwargs)
+
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 

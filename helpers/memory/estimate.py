@@ -92,9 +92,9 @@ def estimate_layers(
 
 
 def _note(precision: str, optimizer: str, tp: int, dp: int, zero: int, recompute: bool,
-          batch: int, seq: int) -> str:
+          batch: int, seq: int, sp: bool = False) -> str:
     extras = [f"dp={dp}, ZeRO-{zero}" if dp > 1 or zero else "",
-              "recompute" if recompute else ""]
+              "recompute" if recompute else "", "sequence parallel" if sp else ""]
     return ", ".join(["estimated", f"{precision} {optimizer}", f"tp={tp}",
                       *filter(None, extras), f"batch {batch}x{seq}"])
 
@@ -113,6 +113,7 @@ def estimate_transformer(
     dp: int = 1,
     zero: int = 0,
     recompute: bool = False,
+    sequence_parallel: bool = False,
 ) -> Ledger:
     """A Llama-shaped model's ledger per device.
 
@@ -129,6 +130,8 @@ def estimate_transformer(
     block keeps only its input until its backward, which first reruns its forward. The
     peak is the larger of the forward's end (the inputs, embedding and head) and the
     last block's recomputed backward (the head freed, that block's activations back).
+    ``sequence_parallel`` splits the tensors around the norms along the sequence too
+    (:meth:`TransformerShape.block_activation_bytes` says which).
     """
     validate_precision(precision)
     validate_recompute(recompute)
@@ -149,10 +152,12 @@ def estimate_transformer(
         row = sharded_parameter_memory(numel // tp, tensors, optimizer=optimizer,
                                        precision=precision, dp=dp, zero=zero, unit=unit // tp)
         kept, extra = shape.stage_activation_bytes(blocks, first, last, tokens=batch * seq,
-                                                   element_size=e, tp=tp, recompute=recompute)
+                                                   element_size=e, tp=tp, recompute=recompute,
+                                                   seq_parallel=sequence_parallel)
         row.activations = kept * in_flight[k] + extra
         rows[names[k]] = row
-    return Ledger(rows, note=_note(precision, optimizer, tp, dp, zero, recompute, batch, seq))
+    return Ledger(rows, note=_note(precision, optimizer, tp, dp, zero, recompute, batch, seq,
+                                   sequence_parallel))
 
 
 def layers_of(model: object) -> tuple[list[nn.Module], list[int]]:
@@ -192,7 +197,7 @@ def estimate_training_memory(
 
     Llama shapes (a ``TransformerShape``, or a :class:`HasTransformerShape` model) need
     ``seq`` and take :func:`estimate_transformer`'s options (``stages``, ``tp``,
-    ``in_flight``, ``dp``, ``zero``, ``recompute``); chains of layers (see :func:`layers_of`) need ``sample_shape`` (one
+    ``in_flight``, ``dp``, ``zero``, ``recompute``, ``sequence_parallel``); chains of layers (see :func:`layers_of`) need ``sample_shape`` (one
     input without the batch) and ``loss`` (``"mse"`` or ``"cross_entropy"``).
     """
     if isinstance(model, (TransformerShape, HasTransformerShape)):

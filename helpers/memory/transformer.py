@@ -30,6 +30,7 @@ class TransformerShape:
     ffn: int
     vocab: int
     kv_heads: int | None = None
+    tied: bool = False  # the output head shares the embedding's weights
 
     def __post_init__(self) -> None:
         sizes = (self.hidden, self.blocks, self.heads, self.ffn, self.vocab, self.kv)
@@ -53,7 +54,7 @@ class TransformerShape:
     def of(cls, config: object) -> TransformerShape:
         """From a ``tiny_lm.LMConfig`` (or anything with its field names)."""
         return cls(config.hidden, config.blocks, config.heads, config.ffn, config.vocab,
-                   getattr(config, "kv_heads", None))
+                   getattr(config, "kv_heads", None), getattr(config, "tied", False))
 
     def block_parameters(self) -> tuple[int, int]:
         """(elements, tensors) of one block: q, k, v, o, gate, up, down, two norms."""
@@ -66,7 +67,9 @@ class TransformerShape:
         return self.vocab * self.hidden, 1
 
     def head_parameters(self) -> tuple[int, int]:
-        """(elements, tensors) of the final norm and the output head (not tied)."""
+        """(elements, tensors) of the final norm and the output head (none when tied)."""
+        if self.tied:
+            return self.hidden, 1
         return self.hidden + self.vocab * self.hidden, 2
 
     def unit_parameters(self) -> tuple[int, int, int]:
@@ -95,14 +98,19 @@ class TransformerShape:
 
         With tensor parallelism over ``tp`` ranks, q, k, v, the attention output and the
         MLP's four tensors are split; the six width-h tensors around the norms are
-        replicated, unless ``seq_parallel`` splits them along the sequence too.
+        replicated. ``seq_parallel`` splits four of them along the sequence (the block
+        input, the two norms' normalised values, the residual sum) and the norms'
+        statistics; the two norm outputs, all-gathered for the column-parallel
+        projections, are kept whole by them (as PyTorch's ``SequenceParallel`` with
+        ``ColwiseParallel`` keeps them; Megatron-LM keeps only this rank's tokens and
+        all-gathers them again in backward).
         """
         h, f = self.hidden, self.ffn
         split = 2 * h + 2 * self.kv_width + 4 * f  # q, attention output, k, v, the MLP's 4
-        replicated = 6 * h  # block input, norm1 x-hat and output, residual sum, norm2 x2
-        stats = 2 * 4 + self.heads * 4 // tp  # two rstd rows, one lse per head (float32)
-        rep = replicated // tp if seq_parallel else replicated
-        return tokens * ((split // tp + rep) * element_size + stats)
+        replicated = 4 * h // tp + 2 * h if seq_parallel else 6 * h
+        per_token = (split // tp + replicated) * element_size + self.heads * 4 // tp  # + lse
+        norm_stats = tokens * 2 * 4 // (tp if seq_parallel else 1)  # one rstd per norm row
+        return tokens * per_token + norm_stats
 
     def block_input_bytes(self, tokens: int, element_size: int, tp: int = 1,
                           seq_parallel: bool = False) -> int:
@@ -111,8 +119,8 @@ class TransformerShape:
         return tokens * self.hidden * element_size // (tp if seq_parallel else 1)
 
     def stage_activation_bytes(self, blocks: int, first: bool, last: bool, *, tokens: int,
-                               element_size: int, tp: int = 1,
-                               recompute: bool = False) -> tuple[int, int]:
+                               element_size: int, tp: int = 1, recompute: bool = False,
+                               seq_parallel: bool = False) -> tuple[int, int]:
         """(bytes a micro-batch keeps until its backward, extra bytes while one backward runs)
         on a stage of ``blocks`` blocks (the first with the embedding, the last the head).
 
@@ -120,21 +128,36 @@ class TransformerShape:
         forward, holding its activations again. The last stage's head is freed by then.
         """
         e = element_size
-        block = self.block_activation_bytes(tokens, e, tp)
-        embed = self.embed_activation_bytes(tokens) if first else 0
-        head = self.head_activation_bytes(tokens, e) // tp if last else 0
+        block = self.block_activation_bytes(tokens, e, tp, seq_parallel)
+        embed = self.embed_activation_bytes(tokens, tp) if first else 0
+        head = self.head_activation_bytes(tokens, e, tp, seq_parallel) if last else 0
         if not recompute:
             return embed + blocks * block + head, 0
-        kept = self.block_input_bytes(tokens, e, tp)
+        kept = self.block_input_bytes(tokens, e, tp, seq_parallel)
         return embed + blocks * kept + head, max(0, block - kept - head)
 
-    def embed_activation_bytes(self, tokens: int) -> int:
-        """The embedding keeps its int64 token ids."""
-        return 8 * tokens
+    def embed_activation_bytes(self, tokens: int, tp: int = 1) -> int:
+        """The embedding keeps its int64 token ids; over ``tp`` ranks, a vocab-parallel
+        embedding also keeps a one-byte mask of the tokens outside its rows."""
+        return (8 + (tp > 1)) * tokens
 
-    def head_activation_bytes(self, tokens: int, element_size: int) -> int:
-        """Final norm (input, x-hat, output, rstd) and cross-entropy (log-probs, labels)."""
-        return tokens * (3 * self.hidden * element_size + 4 + self.vocab * element_size + 8) + 4
+    def head_activation_bytes(self, tokens: int, element_size: int, tp: int = 1,
+                              seq_parallel: bool = False) -> int:
+        """The final norm (input, normalised value, rstd; this rank's tokens only under
+        ``seq_parallel``), the head's input (the norm's output, whole), and the loss.
+
+        One device: ``F.cross_entropy`` keeps the log-probabilities, the int64 labels and
+        one number. Over ``tp`` ranks the vocab-parallel loss keeps this rank's columns of
+        the softmax (the vocabulary padded to a multiple of ``tp``), the labels, and a
+        one-byte mask of the tokens whose label is among its columns.
+        """
+        e, h = element_size, self.hidden
+        norm = tokens * (2 * h * e + 4) // (tp if seq_parallel else 1)
+        if tp == 1:
+            loss = tokens * (self.vocab * e + 8) + 4
+        else:
+            loss = tokens * (-(-self.vocab // tp) * e + 8 + 1)
+        return norm + tokens * h * e + loss
 
 
 # Published shapes (the papers' tables): Llama 1 7B and Llama 2 70B.

@@ -5,8 +5,12 @@ head. Each block is pre-norm attention plus a gated MLP, each wrapped in a resid
 connection; the residual is why a block is marked unsplittable (``_no_split_modules``,
 the attribute Hugging Face models use): both ends of the ``+`` must be on one device.
 With ``LLAMA_7B`` the same class has Llama-7B's 6.74 billion weights (build it on the
-meta device, as lesson 05 does, and nothing is allocated). Positions are omitted:
-Llama's rotary embedding has no weights, so it changes no placement.
+meta device, as lesson 05 does, and nothing is allocated). Its attention
+(:mod:`helpers.placement.attention`) can be grouped-query (``kv_heads < heads``) with
+rotary positions (``rope=True``), as Llama's is, and the output head can share the
+embedding's weights (``tied=True``). Neither RoPE nor tying changes a placement (RoPE
+has no weights; a tied head is one tensor used twice), so lesson 05 leaves them off and
+lesson 09, whose tensor parallelism they do change, turns them on.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from helpers.core.profiles import Profile
+from helpers.placement.attention import GQAAttention, divisors
 
 if TYPE_CHECKING:
     from helpers.memory.transformer import TransformerShape
@@ -33,41 +38,30 @@ class LMConfig:
     blocks: int
     ffn: int
     heads: int
+    kv_heads: int | None = None  # None: as many as heads (no grouped-query attention)
+    rope: bool = False
+    tied: bool = False
 
     def __post_init__(self) -> None:
-        if min(self.vocab, self.hidden, self.blocks, self.ffn, self.heads) < 1:
+        if min(self.vocab, self.hidden, self.blocks, self.ffn, self.heads, self.kv) < 1:
             raise ValueError(f"every size must be >= 1; got {self}")
         if self.hidden % self.heads:
             raise ValueError(
                 f"hidden={self.hidden} must be a multiple of heads={self.heads}; "
                 f"valid heads: a divisor of {self.hidden}"
             )
+        if self.heads % self.kv:
+            raise ValueError(f"kv_heads={self.kv_heads} must divide heads={self.heads}; valid "
+                             f"kv_heads: {', '.join(map(str, divisors(self.heads)))}")
+
+    @property
+    def kv(self) -> int:
+        """Key/value heads (``heads`` without grouped-query attention)."""
+        return self.kv_heads or self.heads
 
 
 # Llama-7B's shape: 32 blocks of width 4096, MLP width 11008, 32 heads, 32000 tokens.
 LLAMA_7B = LMConfig(vocab=32000, hidden=4096, blocks=32, ffn=11008, heads=32)
-
-
-class Attention(nn.Module):
-    """Causal multi-head self-attention (query, key, value and output projections)."""
-
-    def __init__(self, hidden: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.q_proj = nn.Linear(hidden, hidden, bias=False)
-        self.k_proj = nn.Linear(hidden, hidden, bias=False)
-        self.v_proj = nn.Linear(hidden, hidden, bias=False)
-        self.o_proj = nn.Linear(hidden, hidden, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, seq, hidden = x.shape
-
-        def split_heads(t: torch.Tensor) -> torch.Tensor:
-            return t.view(batch, seq, self.heads, hidden // self.heads).transpose(1, 2)
-
-        q, k, v = (split_heads(p(x)) for p in (self.q_proj, self.k_proj, self.v_proj))
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, hidden))
 
 
 class MLP(nn.Module):
@@ -86,10 +80,11 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """One transformer block: ``x + attn(norm(x))``, then ``h + mlp(norm(h))``."""
 
-    def __init__(self, hidden: int, ffn: int, heads: int) -> None:
+    def __init__(self, hidden: int, ffn: int, heads: int, kv_heads: int | None = None,
+                 rope: bool = False) -> None:
         super().__init__()
         self.attn_norm = nn.RMSNorm(hidden)
-        self.attn = Attention(hidden, heads)
+        self.attn = GQAAttention(hidden, heads, kv_heads or heads, rope)
         self.mlp_norm = nn.RMSNorm(hidden)
         self.mlp = MLP(hidden, ffn)
 
@@ -108,10 +103,13 @@ class TinyLM(nn.Module):
         self.config = config
         self.embed = nn.Embedding(config.vocab, config.hidden)
         self.blocks = nn.ModuleList(
-            Block(config.hidden, config.ffn, config.heads) for _ in range(config.blocks)
+            Block(config.hidden, config.ffn, config.heads, config.kv, config.rope)
+            for _ in range(config.blocks)
         )
         self.norm = nn.RMSNorm(config.hidden)
         self.head = nn.Linear(config.hidden, config.vocab, bias=False)
+        if config.tied:  # one tensor: the head's rows are the tokens' embeddings
+            self.head.weight = self.embed.weight
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.embed(ids)

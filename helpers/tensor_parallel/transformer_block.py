@@ -1,4 +1,4 @@
-"""One Llama block split the Megatron-LM way over ``tp`` ranks, by hand.
+"""One Llama block (``tiny_lm.Block`` with GQA and RoPE) split the Megatron-LM way over ``tp`` ranks, by hand.
 
 Attention splits by heads: q, k and v are column-parallel (a rank keeps the rows of
 its query and key/value heads), o is row-parallel (the matching input columns). The
@@ -26,37 +26,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from helpers.placement.tiny_lm import MLP
-from helpers.tensor_parallel.attention_shards import (
-    AttentionHeads,
-    GQAAttention,
-    check_head_split,
-    head_ranges,
-    valid_tp,
-)
+from helpers.placement.attention import AttentionHeads
+from helpers.placement.tiny_lm import MLP, Block
+from helpers.tensor_parallel.attention_shards import check_head_split, head_ranges, valid_tp
 from helpers.tensor_parallel.comm import f, g
+from helpers.tensor_parallel.sequence import gather_sequence, scatter_sequence
 
-__all__ = ["GQAAttention", "LlamaBlock", "TPBlock", "WeightCut", "format_split",
+__all__ = ["TPBlock", "WeightCut", "format_split",
            "shard_block", "simulate_tp_block", "split_weights"]
-
-
-class LlamaBlock(nn.Module):
-    """``h = x + attn(norm1(x))``, then ``h + mlp(norm2(h))``, with GQA and RoPE.
-
-    The parameter names are ``helpers.placement.tiny_lm.Block``'s: with ``kv_heads ==
-    heads`` and ``rope=False`` it loads that block's state dict and computes the same.
-    """
-
-    def __init__(self, hidden: int, ffn: int, heads: int, kv_heads: int, rope: bool = True) -> None:
-        super().__init__()
-        self.attn_norm = nn.RMSNorm(hidden)
-        self.attn = GQAAttention(hidden, heads, kv_heads, rope)
-        self.mlp_norm = nn.RMSNorm(hidden)
-        self.mlp = MLP(hidden, ffn)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x + self.attn(self.attn_norm(x))
-        return h + self.mlp(self.mlp_norm(h))
 
 
 @dataclass(frozen=True)
@@ -73,11 +50,21 @@ class WeightCut:
         """The dimension cut: 0 for rows, 1 for columns, None when replicated."""
         return {"rows": 0, "columns": 1}.get(self.how)
 
+    @property
+    def length(self) -> int:
+        """How many rows (or columns) of the full weight the rank holds; fewer than
+        ``stop - start`` when the cut runs into padding past the end (a padded vocabulary)."""
+        return max(0, min(self.stop, self.size) - self.start)
+
     def take(self, full: torch.Tensor) -> torch.Tensor:
         """This rank's part of a full weight (or of its gradient): a view."""
         if self.dim is None:
             return full
-        return full.narrow(self.dim, self.start, self.stop - self.start)
+        return full.narrow(self.dim, self.start, self.length)
+
+    def own(self, shard: torch.Tensor) -> torch.Tensor:
+        """The part of a rank's shard that is real weight (its padding rows left out)."""
+        return shard if self.dim is None else shard.narrow(self.dim, 0, self.length)
 
     def __str__(self) -> str:
         if self.dim is None:
@@ -85,14 +72,14 @@ class WeightCut:
         return f"{self.how} {self.start}:{self.stop} of {self.size}"
 
 
-def _sizes(block: LlamaBlock) -> tuple[int, int, int, int, int]:
+def _sizes(block: Block) -> tuple[int, int, int, int, int]:
     """(hidden, ffn, heads, kv_heads, head_dim) of a block."""
     attn = block.attn
     ffn, hidden = block.mlp.gate_proj.weight.shape
     return hidden, ffn, attn.heads, attn.kv_heads, attn.head_dim
 
 
-def check_tp(block: LlamaBlock, tp: int) -> None:
+def check_tp(block: Block, tp: int) -> None:
     """Refuse a ``tp`` that does not split the heads, the key/value heads and the MLP evenly."""
     _, ffn, heads, kv_heads, _ = _sizes(block)
     check_head_split(heads, kv_heads, tp, ffn)
@@ -103,7 +90,7 @@ def check_tp(block: LlamaBlock, tp: int) -> None:
         )
 
 
-def split_weights(block: LlamaBlock, rank: int, tp: int) -> dict[str, WeightCut]:
+def split_weights(block: Block, rank: int, tp: int) -> dict[str, WeightCut]:
     """Each parameter of the block, by name: the part rank ``rank`` of ``tp`` holds."""
     check_tp(block, tp)
     hidden, ffn, heads, kv_heads, head_dim = _sizes(block)
@@ -129,7 +116,7 @@ def split_weights(block: LlamaBlock, rank: int, tp: int) -> dict[str, WeightCut]
     }
 
 
-def format_split(block: LlamaBlock, tp: int) -> str:
+def format_split(block: Block, tp: int) -> str:
     """A table: each weight, its full shape, and what every rank holds of it."""
     full = dict(block.named_parameters())
     cuts = [split_weights(block, r, tp) for r in range(tp)]
@@ -144,12 +131,12 @@ def format_split(block: LlamaBlock, tp: int) -> str:
 
 
 class TPBlock(nn.Module):
-    """Rank ``rank``'s share of a :class:`LlamaBlock`: its heads, its MLP columns, both norms.
+    """Rank ``rank``'s share of a :class:`Block`: its heads, its MLP columns, both norms.
 
     Parameter names are the full block's, so :func:`split_weights` maps each to its slice.
     """
 
-    def __init__(self, block: LlamaBlock, rank: int, tp: int) -> None:
+    def __init__(self, block: Block, rank: int, tp: int) -> None:
         super().__init__()
         check_tp(block, tp)
         hidden, ffn, heads, kv_heads, head_dim = _sizes(block)
@@ -170,9 +157,12 @@ class TPBlock(nn.Module):
         n = self.mlp_norm(h)
         return self.mlp(n if group is None else f(n, group))
 
-    def forward(self, x: torch.Tensor, group=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, group=None, *, sequence_parallel: bool = False
+                ) -> torch.Tensor:
         """The full block's output on every rank of ``group``: g sums the partial terms.
 
+        With ``sequence_parallel`` ``x`` is this rank's ``seq / tp`` tokens and so is the
+        output: f and g become an all-gather and a reduce-scatter along the sequence.
         ``group=None`` runs without communication, which is the whole block only when
         ``tp == 1``; for more ranks in one process use :func:`simulate_tp_block`.
         """
@@ -186,11 +176,14 @@ class TPBlock(nn.Module):
             return h + self.mlp_partial(h)
         if group.size() != self.tp:
             raise ValueError(f"a group of {group.size()} ranks for tp={self.tp}; valid: {self.tp}")
+        if sequence_parallel:
+            h = x + scatter_sequence(self.attn(gather_sequence(self.attn_norm(x), group)), group)
+            return h + scatter_sequence(self.mlp(gather_sequence(self.mlp_norm(h), group)), group)
         h = x + g(self.attention_partial(x, group), group)
         return h + g(self.mlp_partial(h, group), group)
 
 
-def shard_block(block: LlamaBlock, rank: int, tp: int) -> TPBlock:
+def shard_block(block: Block, rank: int, tp: int) -> TPBlock:
     """Rank ``rank``'s :class:`TPBlock`, its weights copied from ``block`` (device, dtype too)."""
     cuts = split_weights(block, rank, tp)
     weight = block.attn_norm.weight
@@ -200,7 +193,7 @@ def shard_block(block: LlamaBlock, rank: int, tp: int) -> TPBlock:
     return shard
 
 
-def simulate_tp_block(block: LlamaBlock, x: torch.Tensor, tp: int) -> torch.Tensor:
+def simulate_tp_block(block: Block, x: torch.Tensor, tp: int) -> torch.Tensor:
     """All ``tp`` ranks in one process: each ``+`` of partial terms is where g all-reduces.
 
     Every shard reads the same ``x`` (and the same ``h``): that sharing is f's forward,

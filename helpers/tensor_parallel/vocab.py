@@ -79,12 +79,15 @@ class VocabParallelEmbedding(nn.Module):
         start, end = vocab_range(vocab, rank, world_size, pad=pad)
         return cls(_rows(embedding.weight.detach(), start, end), start, vocab, group)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def partial(self, tokens: torch.Tensor) -> torch.Tensor:
+        """This rank's rows looked up; zeros for the tokens other ranks own."""
         _check_tokens(tokens, self.vocab, "token")
         outside = (tokens < self.start) | (tokens >= self.end)
         local = torch.where(outside, 0, tokens - self.start)
-        partial = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
-        return g(partial, self.group)  # every token's row lives on exactly one rank
+        return F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return g(self.partial(tokens), self.group)  # every token's row lives on one rank
 
 
 def shard_head(head: nn.Linear, rank: int, world_size: int, *, pad: bool = False) -> nn.Linear:

@@ -1,0 +1,24 @@
+"""Lesson 09's launches: the block worker under ``torchrun``, checked before it starts."""
+
+from __future__ import annotations
+
+import torch
+
+from helpers.distributed.launcher import launch
+from helpers.tensor_parallel.llama_config import WORKER, LlamaTPConfig
+from helpers.tensor_parallel.llama_results import LlamaTPResult
+
+
+def launch_llama_tp(config: LlamaTPConfig, *, nproc: int, timeout: float = 300.0
+                    ) -> LlamaTPResult:
+    """Run the worker on ``nproc`` ranks (one core each) and return its typed result.
+
+    Every choice is checked here first, so a bad one fails before any process starts.
+    """
+    config.validate(nproc)
+    if config.device == "cuda" and torch.cuda.device_count() < nproc:
+        raise ValueError(
+            f"device='cuda' (NCCL) asks for one GPU per rank, {nproc} ranks, but "
+            f"{torch.cuda.device_count()} GPU(s) are visible; valid: device='cpu' (gloo) or "
+            "'auto', or nproc <= the number of GPUs")
+    return LlamaTPResult.from_dict(launch(WORKER, config.args(), nproc=nproc, timeout=timeout))
