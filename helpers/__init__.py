@@ -39,13 +39,19 @@ The lessons
   points, named ``*_worker``; ``rank_work`` and ``dtensor``: what a rank does in them),
   ``tensor_parallel.runs`` (their launches, on one node or several) and
   ``tensor_parallel.results`` (the typed results they return).
+- 09 ``placement.attention`` (grouped-query attention, RoPE), ``tensor_parallel``'s
+  ``attention_shards``, ``transformer_block``, ``vocab``, ``sequence``, ``llama``,
+  ``native_llama`` (the whole Llama split, by hand and with ``parallelize_module``), the
+  torchrun entry point ``block_worker`` (``llama_config`` in, ``llama_results`` out;
+  ``llama_step``, ``llama_runs``, ``llama_timing``, ``llama_report``).
 - every lesson ``memory``: ``ledger``, ``measure`` and ``saved`` (one step, counted),
   ``estimate``, ``parameters``, ``layer_rules`` and ``transformer`` (predicted from shapes;
   data-parallel sharding and recomputation too), ``cuts``, ``fits`` (what fits where),
   ``recompute``, ``torch_trackers``, ``plots``.
 - every lesson ``exercises``: ``feedback`` (the verdicts and the ``checker`` decorator), one
   checker module per topic (``model_parallel`` 01-02, ``pipeline`` 03-04, ``placement`` 05,
-  ``data_parallel`` and ``collectives`` 06, ``tensor_parallel`` 07, ``torchrun`` 08),
+  ``data_parallel`` and ``collectives`` 06, ``tensor_parallel`` 07, ``torchrun`` 08,
+  ``transformer_tp`` and ``vocab_loss`` 09),
   ``two_ranks`` (a real gloo group as threads) and
   ``solutions`` (the reference answers in solutions/).
 - ``tp_demo``: the source script's command line, a thin layer over ``tensor_parallel``.

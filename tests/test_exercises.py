@@ -20,7 +20,7 @@ from helpers.exercises.solutions import SOLUTIONS_DIR, load_solutions, sections
 from helpers.exercises.two_ranks import run_ranks
 
 MODULES = ("collectives", "data_parallel", "model_parallel", "pipeline", "placement", "tensor_parallel",
-           "torchrun")
+           "torchrun", "transformer_tp", "vocab_loss")
 LESSONS = sorted((REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
@@ -101,6 +101,38 @@ def _whole_sum(full, rank, world_size, group):
     return out
 
 
+def _split(**changes):
+    """Exercise 09.1's answer with some weights dealt otherwise."""
+    from helpers.exercises.transformer_tp import split_answer
+
+    return {**split_answer(), **changes}
+
+
+def _vocab_loss(local, targets, start, end, group, *, shift=True, max_sum=True, exp_sum=True,
+                target_sum=True, target_shift=True, mean=True):
+    """Exercise 09.3's loss, each step of which a wrong answer can leave out."""
+    all_reduce = torch.distributed.all_reduce
+    row_max = local.max(dim=-1).values
+    if max_sum:
+        all_reduce(row_max, op=torch.distributed.ReduceOp.MAX, group=group)
+    shifted = local - (row_max if shift else torch.zeros_like(row_max)).unsqueeze(-1)
+    sum_exp = shifted.exp().sum(dim=-1)
+    if exp_sum:
+        all_reduce(sum_exp, group=group)
+    inside = (targets >= start) & (targets < end)
+    index = torch.where(inside, targets - start, 0).unsqueeze(-1)
+    picked = (shifted if target_shift else local).gather(-1, index).squeeze(-1)
+    target = torch.where(inside, picked, 0.0)
+    if target_sum:
+        all_reduce(target, group=group)
+    loss = sum_exp.log() - target
+    return loss.mean() if mean else loss.sum()
+
+
+def _loss_without(**left_out):
+    return lambda *args: _vocab_loss(*args, **left_out)
+
+
 NODE0 = ["--nnodes=2", "--nproc-per-node=4", "--node-rank=0", "--master-addr=node0.example",
          "--master-port=29500", "-m", "helpers.tp_demo", "--mode", "tp", "--world_size", "8"]
 
@@ -126,8 +158,12 @@ WRONG = {
     "07.3": (lambda t, h, p, layers: layers * 2 * (p - 1) / p * t * h * 4, "backward"),
     "08.1": (NODE0, "second machine"),
     "08.2": (8, "fewer stages"),
+    "09.1": (_split(**{"attn.o_proj.weight": "rows"}), "row-parallel"),
+    "09.2": (lambda t, h, tp, e: t * (6 * h * e + 8) * (tp - 1) / tp, "Korthikanti"),
+    "09.3": (_loss_without(shift=False), "maximum"),
 }
-PLACEHOLDERS = {"07.2": _Unsolved, "03.2": ..., "06.2": ..., "08.1": ..., "08.2": ...}
+PLACEHOLDERS = {"07.2": _Unsolved, "03.2": ..., "06.2": ..., "08.1": ..., "08.2": ...,
+                "09.1": dict.fromkeys(_split(), ...)}
 
 
 def test_every_exercise_has_a_checker_a_wrong_answer_and_a_solution():
@@ -395,4 +431,146 @@ def test_the_reduce_scatter_check_is_quick_and_leaves_torch_as_it_was():
     assert check("06.3", load_solution("06.3")).solved
     assert time.perf_counter() - start < 10
     assert torch.distributed.reduce_scatter_single is library
+    assert dict(_world.pg_group_ranks) == groups
+
+
+# Lesson 09: how each weight is dealt, what sequence parallelism saves, the vocab-parallel loss.
+
+@pytest.mark.parametrize("wrong, words", [
+    (_split(**{"mlp.down_proj.weight": "rows"}), "input* columns"),
+    (_split(**{"attn.k_proj.weight": "columns"}), "column-parallel"),
+    (_split(**{"mlp_norm.weight": "columns"}), "whole hidden vector"),
+    (_split(**{"embed.weight": "replicated"}), "slice of the vocabulary"),
+    (_split(**{"head.weight": "columns"}), "split by vocabulary"),
+    (_split(**{"norm.weight": "whole"}), "valid: 'rows', 'columns', 'replicated'"),
+    (_split(**{"blocks.0.attn.q_proj.weight": "rows"}), "without 'blocks.0.'"),
+    (_split(**{"lm_head.weight": "rows"}), "valid names: embed.weight"),
+    ({k: v for k, v in _split().items() if k != "norm.weight"}, "lacks 'norm.weight'"),
+    ({**dict.fromkeys(_split(), ...), "attn.o_proj.weight": "rows"}, "1 of 12 wrong"),
+    (["rows"], "Expected a dict"),
+])
+def test_split_mistakes_get_their_hints(wrong, words):
+    feedback = check("09.1", wrong)
+    assert feedback.status == "wrong" and words in f"{feedback.message} {feedback.hint}", feedback
+
+
+def test_the_split_is_model_cuts_on_every_rank_and_a_partial_answer_is_unsolved():
+    from helpers.exercises.transformer_tp import SPLIT_CONFIG, split_answer
+    from helpers.placement.tiny_lm import build_lm
+    from helpers.tensor_parallel.llama import model_cuts
+
+    model, want = build_lm(SPLIT_CONFIG), split_answer()
+    for tp in (2, 4):
+        for rank in range(tp):
+            got = {n.removeprefix("blocks.0."): c.how for n, c in model_cuts(model, rank, tp).items()}
+            assert got == want
+    assert len(want) == 12 and set(want.values()) == {"rows", "columns", "replicated"}
+    assert check("09.1", {**dict.fromkeys(want, ...), "embed.weight": "rows"}).status == "unsolved"
+    assert check("09.1", ...).status == "unsolved"
+
+
+def _sp(kept, stats=8, share=lambda tp: (tp - 1) / tp, e_of=lambda e: e):
+    return lambda t, h, tp, e: t * (kept * h * e_of(e) + stats) * share(tp)
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (_sp(6), "Korthikanti"),
+    (_sp(6, stats=0), "norm outputs are all-gathered"),
+    (_sp(4, stats=0), "one float32 rstd per token"),
+    (lambda t, h, tp, e: t * (4 * h + 2) * e * (tp - 1) / tp, "whatever element_size"),
+    (_sp(4, stats=4), "two norms"),
+    (_sp(4, share=lambda tp: 1 / tp), "still keeps"),
+    (_sp(4, share=lambda tp: 1), "not all"),
+    (_sp(4, share=lambda tp: tp - 1), "all tp ranks"),
+    (_sp(4, stats=2, e_of=lambda e: 1), "count bytes"),
+    (_sp(2), "four width-h tensors"),
+    (lambda t, h, tp, e: "many", "expected a number"),
+])
+def test_sp_saving_mistakes_get_their_hints(wrong, words):
+    feedback = check("09.2", wrong)
+    assert feedback.status == "wrong" and words in f"{feedback.message} {feedback.hint}", feedback
+
+
+def test_the_sp_saving_is_the_estimators_and_ignores_heads_and_mlp_width():
+    from helpers.exercises.transformer_tp import SP_CASES, sp_saving_bytes
+    from helpers.memory import TransformerShape
+
+    for t, h, tp, e in SP_CASES:
+        savings = {sp_saving_bytes(t, h, tp, e, TransformerShape(h, 1, heads, ffn, 64, kv))
+                   for heads in (tp, 2 * tp) for kv in (None, 1) for ffn in (3 * tp, 4 * h)}
+        assert savings == {t * (4 * h * e + 8) * (tp - 1) // tp}
+    assert check("09.2", lambda t, h, tp, e: t * (4 * h * e + 8) * (tp - 1) // tp).solved
+
+
+def _gathered(local, targets, start, end, group):
+    parts = [torch.empty_like(local) for _ in range(group.size())]
+    torch.distributed.all_gather(parts, local.contiguous(), group=group)
+    return torch.nn.functional.cross_entropy(torch.cat(parts, dim=1), targets)
+
+
+def _summed_full(local, targets, start, end, group):
+    """A gather in disguise: the logits padded with zeros to the whole vocabulary, summed."""
+    full = torch.zeros(len(local), (end - start) * group.size())
+    full[:, start:end] = local
+    torch.distributed.all_reduce(full, group=group)
+    return torch.nn.functional.cross_entropy(full, targets)
+
+
+def _unmasked(local, targets, start, end, group):
+    return local[torch.arange(len(targets)), targets - start].mean()
+
+
+def _only_with_targets(local, targets, start, end, group):
+    if ((targets >= start) & (targets < end)).sum() > 1:
+        return _vocab_loss(local, targets, start, end, group)
+    return local.sum()
+
+
+def _no_group(local, targets, start, end, group):
+    row_max = local.max(dim=-1).values
+    torch.distributed.all_reduce(row_max, op=torch.distributed.ReduceOp.MAX)
+    return row_max.mean()
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (_loss_without(shift=False), "small logits hide this"),
+    (_loss_without(max_sum=False), "op=dist.ReduceOp.MAX"),
+    (_loss_without(exp_sum=False), "softmax's denominator"),
+    (_loss_without(target_sum=False), "SUM it over the ranks"),
+    (_loss_without(target_shift=False), "from the target logit too"),
+    (_loss_without(mean=False), "reduction='mean'"),
+    (lambda *args: _vocab_loss(*args) * torch.ones(8), "one loss per token"),
+    (lambda *args: _vocab_loss(*args).item(), "expected a tensor"),
+    (_gathered, "calls dist.all_gather"),
+    (_summed_full, "all-reduced 80 numbers"),
+    (_unmasked, "only targets in [start, end)"),
+    (_only_with_targets, "same all-reduces in the same order"),
+    (_no_group, "no default group"),
+])
+def test_vocab_loss_mistakes_get_their_hints(wrong, words, monkeypatch):
+    from helpers.exercises import vocab_loss
+
+    monkeypatch.setattr(vocab_loss, "LOSS_TIMEOUT", 2.0)  # the skipped all-reduce waits this long
+    feedback = check("09.3", wrong)
+    assert feedback.status == "wrong" and words in f"{feedback.message} {feedback.hint}", feedback
+
+
+def test_the_vocab_loss_check_uses_large_logits_and_leaves_torch_as_it_was():
+    import time
+
+    from torch.distributed.distributed_c10d import _world
+
+    from helpers.exercises.vocab_loss import LOSS_CASES, PER_RANK, loss_inputs
+
+    assert [n for n, _ in LOSS_CASES] == [2, 4]
+    for world_size, scale in LOSS_CASES:
+        logits, targets = loss_inputs(world_size, scale)
+        assert set((targets // PER_RANK).tolist()) == set(range(world_size))
+        assert targets.max() == world_size * PER_RANK - 1  # the last column is a target
+    assert loss_inputs(*LOSS_CASES[-1])[0].max(dim=1).values.min() > 88.8  # exp overflows
+    library, groups = torch.distributed.all_reduce, dict(_world.pg_group_ranks)
+    start = time.perf_counter()
+    assert check("09.3", load_solution("09.3")).solved
+    assert time.perf_counter() - start < 10
+    assert torch.distributed.all_reduce is library
     assert dict(_world.pg_group_ranks) == groups

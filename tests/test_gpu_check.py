@@ -4,6 +4,7 @@ import ast
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -110,6 +111,7 @@ def test_every_step_has_its_function_and_smoke_launches_k2_only():
     from course_tools.gpu_check.steps_pipeline import skip_reason
 
     assert list(step_functions()) == [s.name for s in STEPS]
+    assert STEPS[-1].name == "transformer_tp"  # lesson 09, the last lesson
     assert skip_reason(4, 2, FULL.cpu_stages).startswith("2 CPU core(s)")  # cores come first
     assert skip_reason(4, 8, FULL.cpu_stages) is None
     assert "--smoke" in skip_reason(4, 8, SMOKE.cpu_stages)
@@ -141,6 +143,7 @@ def test_importing_the_runner_imports_no_notebook_machinery():
     modules = gpu_check_imports()
     assert "helpers.tensor_parallel.runs" in modules and "course_tools.gpu_check.runner" in modules
     assert "helpers.data_parallel.results" in modules
+    assert "helpers.tensor_parallel.llama_results" in modules
     code = (
         f"import importlib, sys; [importlib.import_module(m) for m in {modules!r}]; "
         "bad = {'IPython', 'nbformat', 'nbclient', 'torchsummary'} & set(sys.modules); "
@@ -169,6 +172,8 @@ def test_smoke_run_passes_every_step(tmp_path):
     md = (tmp_path / "gpu_check_smoke.md").read_text()
     assert all(f"| {s.name} |" in md for s in STEPS)
     assert (tmp_path / "gpu_check_smoke" / "mp_vs_rn.png").stat().st_size > 0
+    tp = {s["name"]: s for s in doc["steps"]}["transformer_tp"]["figures"]
+    assert tp["world_size"] == 2 and tp["verdicts"]["all"] and tp["native"] == "ok"
     assert not (tmp_path / "gpu_check.json").exists()  # never the real run's file
     assert result.returncode == 0, result.stderr[-3000:]
 
@@ -238,3 +243,66 @@ def test_the_data_parallel_step_at_world_size_one(monkeypatch, tmp_path):
     assert all(f["bandwidth_gb_s"] is None for f in fig["fits"].values())
     # the prediction is unsharded; the hand ZeRO-2/3 also hold one unit's full buffer
     assert set(fig["ledgers"]["differences"]) <= {"ZeRO-2", "ZeRO-3"}
+
+
+def test_the_transformer_tp_step_takes_the_largest_tp_the_gpus_and_sizes_allow():
+    from course_tools.gpu_check.steps_transformer_tp import largest_tp
+    from helpers.core.profiles import get_profile
+    from helpers.tensor_parallel.llama_config import LlamaTPConfig
+
+    full = LlamaTPConfig.for_profile(get_profile("full"), both=True)
+    assert [largest_tp(full, gpus) for gpus in (8, 4, 3, 2, 1)] == [4, 4, 2, 2, 1]
+    two_kv = replace(full, kv_heads=2)  # 2 key/value heads do not split over 4 ranks
+    assert largest_tp(two_kv, 8) == 2
+
+
+def test_the_transformer_tp_step_reruns_without_native_and_says_why(monkeypatch):
+    """If PyTorch's parallelize_module or loss_parallel fails inside the ranks the whole
+    launch fails: the step launches again without it and records why; a torch lacking the
+    API is not launched with it at all."""
+    from course_tools.gpu_check import steps_transformer_tp as step
+    from helpers.core.errors import LaunchError
+    from helpers.tensor_parallel import llama_runs
+    from helpers.tensor_parallel.llama_config import LlamaTPConfig
+
+    launched = []
+
+    def fake_launch(config, *, nproc, timeout):
+        launched.append((config.native, nproc))
+        if config.native:
+            raise LaunchError("helpers.tensor_parallel.block_worker failed (exit code 1) on rank 0"
+                              "\n[rank0]: Traceback\n[rank0]: RuntimeError: loss_parallel broke")
+        return "result"
+
+    monkeypatch.setattr(llama_runs, "launch_llama_tp", fake_launch)
+    config = LlamaTPConfig(both=True, native=True, tp=2, device="cpu")
+    result, native = step.launch_with_native(config)
+    assert result == "result" and launched == [(True, 2), (False, 2)]
+    assert native.startswith("skipped: the launch with native=True failed")
+    assert "RuntimeError: loss_parallel broke" in native
+
+    launched.clear()
+    monkeypatch.setattr(step, "NATIVE_API", (("torch.distributed.tensor.parallel", "nothing"),))
+    result, native = step.launch_with_native(config)
+    assert launched == [(False, 2)] and "lacks torch.distributed.tensor.parallel.nothing" in native
+
+
+@pytest.mark.torchrun
+@pytest.mark.slow
+@pytest.mark.gpu_smoke
+def test_the_transformer_tp_step_at_tp_one(monkeypatch, tmp_path):
+    """One GPU gives tp=1: the step still proves both modes against one process, records
+    nothing sent and the whole model held, and says why (here on one gloo rank)."""
+    from course_tools.gpu_check import steps_transformer_tp as step
+    from course_tools.gpu_check.context import SMOKE, Context
+
+    monkeypatch.setattr(step, "SMOKE_RANKS", 1)
+    fig = {}
+    step.step_transformer_tp(Context(tmp_path, True, SMOKE, "cpu", {}), fig)
+    json.dumps(fig, allow_nan=False)
+    assert fig["world_size"] == 1 and "tp=1" in fig["note"] and fig["native"] == "not run at tp=1"
+    for mode in fig["modes"].values():
+        assert all(line.endswith("OK") for line in mode["proofs"].values())
+        assert mode["sent_bytes"]["total"]["measured"] == 0 and mode["held_elements"]["match"]
+        assert mode["kept_bytes_per_part"]["difference"] == {"embed": 32, "norm + head": 28}
+    assert set(fig["timing"]) == {"TP", "TP + SP", "one process"}

@@ -42,6 +42,12 @@ def _data_parallel() -> dict:
     return data_parallel_section()
 
 
+def _transformer_tp() -> dict:
+    from course_tools.bench.transformer_tp import transformer_tp_section  # lesson 09
+
+    return transformer_tp_section()
+
+
 def _memory() -> dict:
     from course_tools.bench.memory import memory_section  # lessons 01-08's ledgers
 
@@ -50,7 +56,7 @@ def _memory() -> dict:
 
 SECTIONS: dict[str, Callable[[], dict]] = {
     "pipeline": _pipeline, "schedules": _schedules, "data_parallel": _data_parallel, "tp": _tp,
-    "memory": _memory,
+    "transformer_tp": _transformer_tp, "memory": _memory,
 }
 
 

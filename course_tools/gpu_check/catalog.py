@@ -64,6 +64,16 @@ STEPS = (
         90,
         45,
     ),
+    Step(
+        "transformer_tp",
+        "lesson 09: the small Llama (GQA, RoPE, vocab-parallel embedding and loss) tensor-"
+        "parallel on one GPU per rank (NCCL, tp 4, 2 or 1 as the GPUs allow; 1 GPU: tp 1, "
+        "nothing sent), full profile, without and with sequence parallelism: proofs, "
+        "parallelize_module vs the hand split, bytes sent and activations kept vs predicted, "
+        "held weights, step/comm/compute times",
+        60,
+        15,
+    ),
 )
 
 StepFunction = Callable[[Context, dict], None]
@@ -79,10 +89,11 @@ def step_functions() -> dict[str, StepFunction]:
         steps_pipeline,
         steps_placement,
         steps_tensor_parallel,
+        steps_transformer_tp,
     )
 
     modules = (steps_model_parallel, steps_pipeline, steps_placement, steps_data_parallel,
-               steps_tensor_parallel)
+               steps_tensor_parallel, steps_transformer_tp)
     found = {
         name.removeprefix("step_"): getattr(module, name)
         for module in modules

@@ -136,28 +136,34 @@ class TransformerShape:
         kept = self.block_input_bytes(tokens, e, tp, seq_parallel)
         return embed + blocks * kept + head, max(0, block - kept - head)
 
-    def embed_activation_bytes(self, tokens: int, tp: int = 1) -> int:
-        """The embedding keeps its int64 token ids; over ``tp`` ranks, a vocab-parallel
-        embedding also keeps a one-byte mask of the tokens outside its rows."""
-        return (8 + (tp > 1)) * tokens
+    def embed_activation_bytes(self, tokens: int, tp: int = 1,
+                               vocab_parallel: bool | None = None) -> int:
+        """The embedding keeps its int64 token ids; a vocab-parallel one (by default when
+        ``tp > 1``) also keeps a one-byte mask of the tokens outside its rows."""
+        return (8 + _vocab_parallel(vocab_parallel, tp)) * tokens
 
     def head_activation_bytes(self, tokens: int, element_size: int, tp: int = 1,
-                              seq_parallel: bool = False) -> int:
+                              seq_parallel: bool = False,
+                              vocab_parallel: bool | None = None) -> int:
         """The final norm (input, normalised value, rstd; this rank's tokens only under
         ``seq_parallel``), the head's input (the norm's output, whole), and the loss.
 
-        One device: ``F.cross_entropy`` keeps the log-probabilities, the int64 labels and
-        one number. Over ``tp`` ranks the vocab-parallel loss keeps this rank's columns of
+        ``F.cross_entropy`` keeps the log-probabilities, the int64 labels and one number.
+        The vocab-parallel loss (by default when ``tp > 1``) keeps this rank's columns of
         the softmax (the vocabulary padded to a multiple of ``tp``), the labels, and a
         one-byte mask of the tokens whose label is among its columns.
         """
         e, h = element_size, self.hidden
         norm = tokens * (2 * h * e + 4) // (tp if seq_parallel else 1)
-        if tp == 1:
+        if not _vocab_parallel(vocab_parallel, tp):
             loss = tokens * (self.vocab * e + 8) + 4
         else:
             loss = tokens * (-(-self.vocab // tp) * e + 8 + 1)
         return norm + tokens * h * e + loss
+
+
+def _vocab_parallel(flag: bool | None, tp: int) -> bool:
+    return tp > 1 if flag is None else flag
 
 
 # Published shapes (the papers' tables): Llama 1 7B and Llama 2 70B.

@@ -1,4 +1,4 @@
-"""Megatron-style tensor parallelism of the source's FFN, lessons 07 and 08.
+"""Megatron-style tensor parallelism: the source's FFN (lessons 07, 08), a whole Llama (09).
 
 Taught: ``ffn`` (the split: column-parallel fc1, row-parallel fc2), ``comm`` (f and g),
 ``block`` (what any tensor-parallel block gives the shard files, the workers and the
@@ -9,9 +9,12 @@ torchrun entry points ``ffn_worker`` and ``mesh_worker``, ``rank_work`` and ``dt
 a rank does in them), ``runs``
 (their launches) and ``results`` (the typed results the workers return).
 
-A whole Llama block and the vocabulary, split by hand and unit-tested but not yet taught in
-a lesson: ``attention_shards`` (grouped-query attention with rotary positions, split by
-heads), ``transformer_block`` (the block's tensor-parallel shards and their one-process
-simulation) and ``vocab`` (the vocab-parallel embedding and cross-entropy, padded when
-the vocabulary does not divide).
+Lesson 09, the whole small Llama. Taught: ``attention_shards`` (heads dealt to ranks),
+``transformer_block`` (a block's shards, f and g or their sequence-parallel forms),
+``vocab`` (the vocab-parallel embedding and cross-entropy, padding), ``sequence`` (f and g
+along the sequence), ``llama`` (the whole model's split), ``native_llama`` (the same with
+``parallelize_module``). Running it: ``llama_step`` (one SGD step, one process or one
+rank, compared), the torchrun entry point ``block_worker`` with ``llama_config`` (its
+flags) and ``llama_results`` (its typed result and the predictions), ``llama_runs``,
+``llama_timing`` (time inside collectives), ``llama_report`` (tables, charts).
 """

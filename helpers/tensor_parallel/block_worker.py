@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> None:
             one, ids, targets, config.lr, on_loss=on_loss))
         data = {"config": config.__dict__, "world_size": rank.world_size,
                 "backend": rank.backend, "reason": rank.reason,
+                "threads": torch.get_num_threads(),
                 "magnitudes": magnitudes(reference), "one_process_kept": one_kept,
                 "parameters": sum(p.numel() for p in model.parameters()),
                 "modes": [mode_section(rank, config, model, ids, targets, reference, sp)

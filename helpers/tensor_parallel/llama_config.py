@@ -20,6 +20,7 @@ from helpers.tensor_parallel.sequence import check_sequence_split
 
 WORKER = "helpers.tensor_parallel.block_worker"
 DEVICES = ("auto", "cpu", "cuda")
+ALWAYS = ("vocab", "hidden", "heads", "kv_heads", "ffn", "layers", "seq", "batch", "seed")
 
 
 @dataclass(frozen=True)
@@ -92,11 +93,12 @@ class LlamaTPConfig:
         return self
 
     def args(self) -> list[str]:
-        """The worker's command line (only what differs from the defaults)."""
+        """The worker's command line: the model and batch always, the rest where it differs
+        from the defaults."""
         out = []
         for f in fields(self):
             value, flag = getattr(self, f.name), "--" + f.name.replace("_", "-")
-            if value == f.default:
+            if value == f.default and f.name not in ALWAYS:
                 continue
             out += [flag] if isinstance(value, bool) else [flag, str(value)]
         return out

@@ -52,14 +52,17 @@ def predicted_sent(config: LlamaTPConfig, tp: int, sequence_parallel: bool) -> d
             "all_reduce": loss + ring_bytes("all_reduce", tp, norms)}
 
 
-def predicted_kept(config: LlamaTPConfig, tp: int, sequence_parallel: bool) -> dict[str, int]:
+def predicted_kept(config: LlamaTPConfig, tp: int, sequence_parallel: bool, *,
+                   split: bool = True) -> dict[str, int]:
     """Bytes kept for backward at the loss, per part, from ``TransformerShape`` (the
-    estimator's formula); ``tp = 1`` is the one-process model with ``F.cross_entropy``."""
+    estimator's formula): the hand split's (vocab-parallel embedding and loss, even at
+    ``tp = 1``), or with ``split=False`` the one-process model's (``F.cross_entropy``)."""
     shape, tokens = TransformerShape.of(config.lm), config.batch * config.seq
     block = shape.block_activation_bytes(tokens, FLOAT32, tp, sequence_parallel)
-    return {"embed": shape.embed_activation_bytes(tokens, tp),
+    return {"embed": shape.embed_activation_bytes(tokens, tp, split),
             **{f"block {k}": block for k in range(config.layers)},
-            "norm + head": shape.head_activation_bytes(tokens, FLOAT32, tp, sequence_parallel)}
+            "norm + head": shape.head_activation_bytes(tokens, FLOAT32, tp, sequence_parallel,
+                                                       split)}
 
 
 def predicted_held(config: LlamaTPConfig, tp: int) -> int:
@@ -132,6 +135,7 @@ class LlamaTPResult:
     one_process_kept: dict[str, int]
     modes: list[ModeRun]
     timing: dict[str, StepTimes] | None
+    threads: int = 1  # compute threads per rank (torchrun's OMP_NUM_THREADS)
 
     @classmethod
     def from_dict(cls, data: dict) -> LlamaTPResult:
@@ -151,11 +155,17 @@ class LlamaTPResult:
         timing = {k: StepTimes(v["step_s"], v["comm_s"]) for k, v in data["timing"].items()
                   } if "timing" in data else None
         return cls(config, tp, data["backend"], data["reason"], data["parameters"],
-                   _merge_head(data["one_process_kept"]), modes, timing)
+                   _merge_head(data["one_process_kept"]), modes, timing,
+                   data.get("threads", 1))
+
+    @property
+    def predicted_one_process_kept(self) -> dict[str, int]:
+        """What the estimator predicts the one-process model keeps, per part."""
+        return predicted_kept(self.config, 1, False, split=False)
 
     @property
     def ok(self) -> bool:
-        one = self.one_process_kept == predicted_kept(self.config, 1, False)
+        one = self.one_process_kept == self.predicted_one_process_kept
         return one and all(m.ok for m in self.modes)
 
     def mode(self, sequence_parallel: bool) -> ModeRun:
