@@ -44,6 +44,8 @@ The lessons
   ``native_llama`` (the whole Llama split, by hand and with ``parallelize_module``), the
   torchrun entry point ``block_worker`` (``llama_config`` in, ``llama_results`` out;
   ``llama_step``, ``llama_runs``, ``llama_timing``, ``llama_report``).
+- no lesson yet: ``composed`` (the small Llama trained on a ``(pp, dp, tp)`` mesh:
+  ``data``, ``layout``, the torchrun entry point ``trainer``).
 - every lesson ``memory``: ``ledger``, ``measure`` and ``saved`` (one step, counted),
   ``estimate``, ``parameters``, ``layer_rules`` and ``transformer`` (predicted from shapes;
   data-parallel sharding and recomputation too), ``cuts``, ``fits`` (what fits where),

@@ -213,3 +213,12 @@ def lesson_devices(n: int, *, device: str = "auto", verbose: bool = True) -> lis
     if verbose:
         print(plan.reason)
     return plan.devices
+
+
+def check_gpu_ranks(device: str, nproc: int) -> None:
+    """Refuse ``device="cuda"`` (NCCL, one GPU per rank) for more ranks than visible GPUs."""
+    if device == "cuda" and gpu_count() < nproc:
+        raise ValueError(
+            f"device='cuda' (NCCL) asks for one GPU per rank, {nproc} ranks, but "
+            f"{gpu_count()} GPU(s) are visible; valid: device='cpu' (gloo) or 'auto', or "
+            "nproc <= the number of GPUs")

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import torch
-
+from helpers.core.devices import check_gpu_ranks
 from helpers.data_parallel.config import WORKER, DataParallelConfig
 from helpers.data_parallel.results import DataParallelResult
 from helpers.distributed.launcher import launch
@@ -16,10 +15,6 @@ def launch_data_parallel(config: DataParallelConfig, *, nproc: int = 2,
     Every choice is checked here first, so a bad one fails before any process starts.
     """
     config.validate(nproc)
-    if config.device == "cuda" and torch.cuda.device_count() < nproc:
-        raise ValueError(
-            f"device='cuda' (NCCL) asks for one GPU per rank, {nproc} ranks, but "
-            f"{torch.cuda.device_count()} GPU(s) are visible; valid: device='cpu' (gloo) or "
-            "'auto', or nproc <= the number of GPUs")
+    check_gpu_ranks(config.device, nproc)
     return DataParallelResult.from_dict(launch(WORKER, config.args(), nproc=nproc,
                                                timeout=timeout))

@@ -8,10 +8,10 @@
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
+from helpers.core.flags import flags_of, parse
 from helpers.core.profiles import Profile
 from helpers.placement.attention import divisors
 from helpers.placement.tiny_lm import LMConfig
@@ -95,30 +95,11 @@ class LlamaTPConfig:
     def args(self) -> list[str]:
         """The worker's command line: the model and batch always, the rest where it differs
         from the defaults."""
-        out = []
-        for f in fields(self):
-            value, flag = getattr(self, f.name), "--" + f.name.replace("_", "-")
-            if value == f.default and f.name not in ALWAYS:
-                continue
-            out += [flag] if isinstance(value, bool) else [flag, str(value)]
-        return out
-
-    @classmethod
-    def parser(cls) -> argparse.ArgumentParser:
-        """The flags, one per field; booleans are switches."""
-        p = argparse.ArgumentParser(prog=f"torchrun --nproc-per-node=P -m {WORKER}",
-                                    description="One training step of the small Llama, tensor-"
-                                    "parallel over the ranks, proven against one process.")
-        for f in fields(cls):
-            flag = "--" + f.name.replace("_", "-")
-            if isinstance(f.default, bool):
-                p.add_argument(flag, action="store_true", dest=f.name)
-            else:
-                kind = {"int": int, "float": float, "str": str, "int | None": int}[f.type]
-                p.add_argument(flag, type=kind, default=f.default, dest=f.name)
-        return p
+        return flags_of(self, always=ALWAYS)
 
     @classmethod
     def from_args(cls, argv: Sequence[str] | None = None) -> LlamaTPConfig:
         """The inverse of :meth:`args`."""
-        return cls(**vars(cls.parser().parse_args(argv)))
+        return parse(cls, f"torchrun --nproc-per-node=P -m {WORKER}", argv,
+                     "One training step of the small Llama, tensor-parallel over the ranks, "
+                     "proven against one process.")

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import torch
-
+from helpers.core.devices import check_gpu_ranks
 from helpers.distributed.launcher import launch
 from helpers.tensor_parallel.llama_config import WORKER, LlamaTPConfig
 from helpers.tensor_parallel.llama_results import LlamaTPResult
@@ -16,9 +15,5 @@ def launch_llama_tp(config: LlamaTPConfig, *, nproc: int, timeout: float = 300.0
     Every choice is checked here first, so a bad one fails before any process starts.
     """
     config.validate(nproc)
-    if config.device == "cuda" and torch.cuda.device_count() < nproc:
-        raise ValueError(
-            f"device='cuda' (NCCL) asks for one GPU per rank, {nproc} ranks, but "
-            f"{torch.cuda.device_count()} GPU(s) are visible; valid: device='cpu' (gloo) or "
-            "'auto', or nproc <= the number of GPUs")
+    check_gpu_ranks(config.device, nproc)
     return LlamaTPResult.from_dict(launch(WORKER, config.args(), nproc=nproc, timeout=timeout))

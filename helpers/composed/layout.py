@@ -1,0 +1,127 @@
+"""A 3-D layout of the small Llama: pipeline stages x data-parallel shards x tensor-parallel ranks.
+
+Ranks form a ``DeviceMesh`` of shape ``(pp, dp, tp)``. In PyTorch's own order (as
+torchtitan applies it): the model is cut into ``pp`` stages of whole blocks (the first
+with the embedding, the last with the final norm and the head); each stage is split over
+its ``tp`` ranks by ``parallelize_module`` with lesson 09's plan (tensor and sequence
+parallelism); each block, then the stage, is sharded over ``dp`` by ``fully_shard``; and
+``torch.distributed.pipelining`` runs the stages with a 1F1B schedule.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+from torch import nn
+
+from helpers.placement.attention import divisors
+from helpers.placement.tiny_lm import LMConfig, TinyLM
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Sizes of the mesh's three dimensions, outermost first."""
+
+    pp: int = 1
+    dp: int = 1
+    tp: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.dp * self.tp
+
+    def __str__(self) -> str:
+        parts = [f"{name}={getattr(self, name)}" for name in ("dp", "tp", "pp")
+                 if getattr(self, name) > 1]
+        return " x ".join(parts) or "one device"
+
+    def validate(self, lm: LMConfig, *, batch: int, microbatches: int,
+                 world_size: int | None = None) -> Layout:
+        """Refuse, naming the value and the valid choices, a layout this model, batch and
+        world cannot take."""
+        for name in ("pp", "dp", "tp"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r}; valid: an integer >= 1")
+        if world_size is not None and self.world_size != world_size:
+            raise ValueError(f"pp x dp x tp = {self.pp} x {self.dp} x {self.tp} = "
+                             f"{self.world_size}, but the world size is {world_size}; valid: "
+                             f"a mesh whose product is {world_size}")
+        if lm.blocks % self.pp:
+            raise ValueError(f"pp={self.pp} does not divide the {lm.blocks} blocks into whole "
+                             f"stages; valid pp: {divisors(lm.blocks)}")
+        for size, what in ((lm.heads, "heads"), (lm.kv, "kv_heads"), (lm.ffn, "ffn"),
+                           (lm.vocab, "vocab")):
+            if size % self.tp:
+                raise ValueError(f"tp={self.tp} does not divide {what}={size}; valid tp: "
+                                 f"{divisors(_gcd(lm.heads, lm.kv, lm.ffn, lm.vocab))}")
+        if batch % self.dp:
+            raise ValueError(f"batch={batch} does not split over dp={self.dp}; valid dp: "
+                             f"{divisors(batch)}")
+        rows = batch // self.dp
+        if microbatches < 1 or rows % microbatches:
+            raise ValueError(f"microbatches={microbatches} do not divide a data-parallel "
+                             f"rank's {rows} sequences; valid: {divisors(rows)}")
+        if self.pp > 1 and microbatches < self.pp:
+            raise ValueError(f"microbatches={microbatches} < pp={self.pp}: 1F1B needs at "
+                             f"least one micro-batch per stage; valid: "
+                             f"{[m for m in divisors(rows) if m >= self.pp]}")
+        return self
+
+
+def _gcd(*values: int) -> int:
+    from math import gcd
+
+    out = 0
+    for v in values:
+        out = gcd(out, v)
+    return out
+
+
+class StageModule(nn.Module):
+    """One pipeline stage of a :class:`TinyLM`: its blocks, and the embedding (first stage)
+    or the final norm and head (last stage). Parameter names are the model's."""
+
+    def __init__(self, model: TinyLM, stage: int, stages: int) -> None:
+        super().__init__()
+        per = len(model.blocks) // stages
+        first, last = stage == 0, stage == stages - 1
+        self.embed = model.embed if first else None
+        self.blocks = nn.ModuleDict({str(k): model.blocks[k]
+                                     for k in range(stage * per, (stage + 1) * per)})
+        self.norm = model.norm if last else None
+        self.head = model.head if last else None
+
+    def forward(self, x):
+        if self.embed is not None:
+            x = self.embed(x)
+        for block in self.blocks.values():
+            x = block(x)
+        if self.head is not None:
+            x = self.head(self.norm(x))
+        return x
+
+
+def build_stage(model: TinyLM, layout: Layout, mesh, stage: int) -> StageModule:
+    """Stage ``stage`` of a copy of ``model``, tensor-parallel over ``mesh["tp"]`` (with
+    sequence parallelism) and fully sharded over ``mesh["dp"]``."""
+    module = StageModule(copy.deepcopy(model), stage, layout.pp)
+    if layout.tp > 1:
+        from torch.distributed.tensor.parallel import parallelize_module
+
+        from helpers.tensor_parallel.native_llama import llama_plans
+
+        top, block = llama_plans(sequence_parallel=True)
+        parallelize_module(module, mesh["tp"],
+                           {k: v for k, v in top.items() if getattr(module, k) is not None})
+        for each in module.blocks.values():
+            parallelize_module(each, mesh["tp"], block)
+    if layout.dp > 1:
+        from torch.distributed.fsdp import fully_shard
+
+        keep = layout.pp == 1  # under a pipeline the weights stay gathered between micro-batches
+        for each in module.blocks.values():
+            fully_shard(each, mesh=mesh["dp"], reshard_after_forward=keep)
+        fully_shard(module, mesh=mesh["dp"], reshard_after_forward=keep)
+    return module
