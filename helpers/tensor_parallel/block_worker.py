@@ -32,6 +32,7 @@ from helpers.tensor_parallel.llama import TPLlama
 from helpers.tensor_parallel.llama_config import WORKER, LlamaTPConfig
 from helpers.tensor_parallel.llama_results import LlamaTPResult, parts_of
 from helpers.tensor_parallel.llama_step import (
+    StepState,
     build_llama,
     magnitudes,
     make_batch,
@@ -42,8 +43,9 @@ from helpers.tensor_parallel.llama_step import (
 from helpers.tensor_parallel.llama_timing import CommClock
 
 
-def _kept(model: torch.nn.Module, step) -> dict[str, int]:
-    """Bytes kept for backward per part (embed, each block, norm, head) at the loss."""
+def _kept(model: torch.nn.Module, step) -> tuple[StepState, dict[str, int]]:
+    """``step``'s result, and the bytes kept for backward per part (embed, each block,
+    norm, head) at the loss."""
     meter, seen = SavedTensorMeter(model, parts_of(model)), {}
     with meter:
         state = step(on_loss=lambda: seen.update(meter.live))

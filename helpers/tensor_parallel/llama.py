@@ -39,7 +39,6 @@ from helpers.tensor_parallel.transformer_block import (
 )
 from helpers.tensor_parallel.vocab import (
     VocabParallelEmbedding,
-    padded_vocab,
     shard_head,
     vocab_parallel_cross_entropy,
     vocab_range,
@@ -129,11 +128,6 @@ class TPLlama(nn.Module):
         return all_reduce_sequence_grads(self.sequence_weights(), group)
 
 
-def shard_model(model: TinyLM, rank: int, tp: int) -> TPLlama:
-    """Rank ``rank``'s :class:`TPLlama`, weights copied from ``model``."""
-    return TPLlama(model, rank, tp)
-
-
 def simulate_tp_logits(model: TinyLM, ids: torch.Tensor, tp: int) -> torch.Tensor:
     """All ``tp`` ranks in one process, forward: the full logits, each ``+`` of partial
     terms where an all-reduce would sum them, the head's slices concatenated at the end."""
@@ -146,10 +140,4 @@ def simulate_tp_logits(model: TinyLM, ids: torch.Tensor, tp: int) -> torch.Tenso
     return logits[..., :model.config.vocab]  # the padding columns dropped
 
 
-def padded_size(model: TinyLM, tp: int) -> int:
-    """The vocabulary the ranks split: ``vocab`` rounded up to a multiple of ``tp``."""
-    return padded_vocab(model.config.vocab, tp)
-
-
-__all__ = ["TPBlock", "TPLlama", "check_model_tp", "model_cuts", "padded_size",
-           "shard_model", "simulate_tp_logits"]
+__all__ = ["TPBlock", "TPLlama", "check_model_tp", "model_cuts", "simulate_tp_logits"]

@@ -90,13 +90,6 @@ def scatter_sequence(x: torch.Tensor, group=None) -> torch.Tensor:
     return _ScatterSequence.apply(x, group)
 
 
-def sequence_slice(x: torch.Tensor, rank: int, tp: int) -> torch.Tensor:
-    """Rank ``rank``'s tokens of a full ``(batch, seq, ...)`` tensor."""
-    check_sequence_split(x.shape[SEQ_DIM], tp)
-    per = x.shape[SEQ_DIM] // tp
-    return x.narrow(SEQ_DIM, rank * per, per)
-
-
 def all_reduce_sequence_grads(params, group=None) -> int:
     """Sum the gradients of weights applied to this rank's tokens only (the norms under
     sequence parallelism), so every rank holds the gradient over all tokens; returns the
