@@ -45,7 +45,7 @@ The lessons
   torchrun entry point ``block_worker`` (``llama_config`` in, ``llama_results`` out;
   ``llama_step``, ``llama_runs``, ``llama_timing``, ``llama_report``).
 - no lesson yet: ``composed`` (the small Llama trained on a ``(pp, dp, tp)`` mesh:
-  ``data``, ``layout``, the torchrun entry point ``trainer``).
+  ``data``, ``layout``, ``checkpoint``, the torchrun entry point ``trainer``).
 - every lesson ``memory``: ``ledger``, ``measure`` and ``saved`` (one step, counted),
   ``estimate``, ``parameters``, ``layer_rules`` and ``transformer`` (predicted from shapes;
   data-parallel sharding and recomputation too), ``cuts``, ``fits`` (what fits where),

@@ -1,19 +1,25 @@
 """The small Llama composed over a (pp, dp, tp) mesh (groundwork of the final lesson).
 
-Tolerance on the losses: 1e-4, a hundredth of the learning rate. AdamW's first steps move a
-weight by about lr whatever its gradient's size, so float32 sums in another order (the
-ranks' partial sums, the micro-batches') can move the weights of near-zero gradients by up
-to lr, and the loss by far less than lr; a wrong shard or a lost micro-batch moves it by
-the size of the loss's fall per step (about 0.1 to 0.5 here).
+Tolerance on the losses: 4 float32 epsilons of the first loss (about 2e-6). With the same
+weights and gradients the loss differs only by the order of its float32 sums (a few units
+in the last place), and after a few AdamW steps it stays there when the gradients agree.
+A gradient scaled by 1/2 (micro-batch losses divided by their number while the schedule
+also divides the gradients) moved it by 8e-6 after two steps: AdamW hides most of a
+gradient's scale, but not its epsilon.
 """
+
+import json
+import shutil
 
 import pytest
 
+from helpers.composed.checkpoint import check, step_folder
 from helpers.composed.layout import Layout
 from helpers.composed.trainer import WORKER, TrainerConfig
+from helpers.core.errors import FolderError
 from helpers.distributed.launcher import launch
 
-TOLERANCE = 1e-4
+TOLERANCE = 4 * 2.0**-23 * 4.35  # 4 float32 epsilons of the first loss, 4.35
 
 
 @pytest.mark.parametrize(
@@ -51,3 +57,26 @@ def test_pipeline_with_tensor_and_sequence_parallelism_trains_as_one_process():
     diffs = [abs(a - b) for a, b in zip(result["losses"], result["reference_losses"],
                                         strict=True)]
     assert max(diffs) <= TOLERANCE, diffs
+
+
+@pytest.mark.torchrun
+@pytest.mark.slow
+def test_a_checkpoint_saved_under_one_layout_resumes_under_another(tmp_path):
+    """pp=2 x tp=2 saves after each of 2 steps; dp=2 resumes and finishes 4 steps: the
+    losses are the uninterrupted one-process run's."""
+    first = TrainerConfig(pp=2, tp=2, steps=2, checkpoint_dir=str(tmp_path)).validate(4)
+    launch(WORKER, first.args(), nproc=4, timeout=240)
+    assert json.loads((step_folder(tmp_path, 1) / "manifest.json").read_text())["step"] == 1
+    second = TrainerConfig(dp=2, steps=4, checkpoint_dir=str(tmp_path), resume=True,
+                           reference=True).validate(2)
+    result = launch(WORKER, second.args(), nproc=2, timeout=240)
+    diffs = [abs(a - b) for a, b in zip(result["losses"], result["reference_losses"],
+                                        strict=True)]
+    assert len(diffs) == 4 and max(diffs) <= TOLERANCE, diffs
+    with pytest.raises(FolderError, match="hidden=64 in the checkpoint, 32 here"):
+        check(step_folder(tmp_path, 1), TrainerConfig(hidden=32))
+    broken = tmp_path / "broken"
+    shutil.copytree(step_folder(tmp_path, 1), broken)
+    (broken / ".metadata").unlink()
+    with pytest.raises(FolderError, match="missing"):
+        check(broken, second)

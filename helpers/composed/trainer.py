@@ -4,6 +4,8 @@ Trains the small Llama on the Markov task (``data``) for ``--steps`` AdamW steps
 ``(pp, dp, tp)`` mesh (``layout``), every step on the same global batch whatever the
 layout, and prints on rank 0 one JSON line with the loss of every step; ``--reference``
 also trains the one-process model with the same flags (on rank 0) and adds its losses.
+``--checkpoint-dir DIR`` saves a checkpoint after every step (``checkpoint``);
+``--resume`` starts after the newest one there, whatever layout wrote it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from helpers.composed import checkpoint
 from helpers.composed.data import MarkovTask
 from helpers.composed.layout import Layout, build_stage
 from helpers.core.flags import flags_of, parse
@@ -46,6 +49,8 @@ class TrainerConfig:
     batch: int = 8  # sequences per step, over all data-parallel ranks
     lr: float = 1e-2
     reference: bool = False
+    checkpoint_dir: str = ""  # a checkpoint after every step, here (none when empty)
+    resume: bool = False  # start after the newest checkpoint in checkpoint_dir, if any
 
     @property
     def layout(self) -> Layout:
@@ -60,6 +65,9 @@ class TrainerConfig:
         """Refuse a bad layout, model or batch before any launch (see ``Layout.validate``)."""
         if self.steps < 1:
             raise ValueError(f"--steps {self.steps}; valid: an integer >= 1")
+        if self.resume and not self.checkpoint_dir:
+            raise ValueError("--resume without --checkpoint-dir; valid: --checkpoint-dir DIR "
+                             "--resume (DIR holding checkpoints of the same model)")
         self.layout.validate(self.lm, batch=self.batch, microbatches=self.microbatches,
                              world_size=world_size)
         return self
@@ -107,7 +115,8 @@ def composed_losses(config: TrainerConfig) -> list[float]:
     last = stage == layout.pp - 1
 
     def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(out.flatten(0, 1), target.flatten()) / m  # micro-batches add up
+        # each micro-batch's mean; the schedule divides the summed gradients by m (scale_grads)
+        return F.cross_entropy(out.flatten(0, 1), target.flatten())
 
     if layout.pp > 1:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B
@@ -118,7 +127,11 @@ def composed_losses(config: TrainerConfig) -> list[float]:
         from torch.distributed.tensor.parallel import loss_parallel
     context = loss_parallel if layout.tp > 1 else contextlib.nullcontext
     task, rows, losses = MarkovTask(config.vocab, config.seed), config.batch // layout.dp, []
-    for step in range(config.steps):
+    start = 0
+    if config.resume and (folder := checkpoint.latest(config.checkpoint_dir)) is not None:
+        manifest = checkpoint.load(folder, module, opt, config)
+        start, losses = manifest["step"] + 1, list(manifest["losses"])
+    for step in range(start, config.steps):
         ids, targets = (t[shard * rows:(shard + 1) * rows]
                         for t in task.batch(config.batch, config.seq, step))
         opt.zero_grad()
@@ -130,11 +143,13 @@ def composed_losses(config: TrainerConfig) -> list[float]:
                 parts: list[torch.Tensor] = []
                 schedule.step(*([ids] if stage == 0 else []),
                               **({"target": targets, "losses": parts} if last else {}))
-                loss = torch.stack([_value(p) for p in parts]).sum() if last else torch.zeros(())
+                loss = torch.stack([_value(p) for p in parts]).mean() if last else torch.zeros(())
         opt.step()
         total = _value(loss).detach().reshape(1).clone() * last
         dist.all_reduce(total)  # the last stage's dp x tp ranks each hold their shard's mean
         losses.append(total.item() / (layout.dp * layout.tp))
+        if config.checkpoint_dir:
+            checkpoint.save(config.checkpoint_dir, step, module, opt, config, losses)
     return losses
 
 

@@ -1,0 +1,100 @@
+"""Checkpoints of a 3-D run with ``torch.distributed.checkpoint``, loadable under any layout.
+
+Every rank saves its own shards of the model and the optimizer state, under the model's
+parameter names (``get_state_dict``: a DTensor is saved as the pieces of one tensor), so a
+run on another mesh loads exactly the pieces it needs: ``dcp.load`` reshards. The files are
+written into a staging folder, then rank 0 moves them into a verified folder
+(``helpers.core.files``: a manifest with every file's size and SHA-256, swapped into place
+whole), recording the model's sizes, the step and the losses so far. Loading checks every
+file and refuses a folder that is incomplete or holds another model, by name.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from helpers.core.errors import FolderError
+from helpers.core.files import verify_folder, write_verified_folder
+
+
+def _OPTIONS():  # noqa: N802 - a constant, built when torch.distributed.checkpoint is loaded
+    """Optimizer state keyed by parameter name, hyper-parameters included (``state.<name>.
+    exp_avg``, ``param_groups.<name>.lr``): pipeline stages hold different parameters, and
+    with one list of param groups per rank their entries would collide in one checkpoint."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+MODEL_FIELDS = ("vocab", "hidden", "heads", "kv_heads", "ffn", "layers", "seed")
+
+
+def step_folder(root: str | Path, step: int) -> Path:
+    """The folder of the checkpoint taken after ``step``."""
+    return Path(root) / f"step_{step:04d}"
+
+
+def save(root: str | Path, step: int, module: torch.nn.Module, optimizer, config,
+         losses: list[float]) -> Path:
+    """Collective: every rank saves its shards; rank 0 seals the folder."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    final = step_folder(root, step)
+    staging = final.with_name(f".{final.name}.staging")
+    model_state, optim_state = get_state_dict(module, optimizer, options=_OPTIONS())
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(staging))
+    dist.barrier()
+    if dist.get_rank() == 0:
+        def fill(tmp: Path) -> None:
+            for path in staging.iterdir():
+                shutil.move(str(path), tmp / path.name)
+
+        meta = {"model": {k: getattr(config, k) for k in MODEL_FIELDS}, "step": step,
+                "losses": losses, "layout": str(config.layout)}
+        write_verified_folder(final, fill, meta=meta)
+        shutil.rmtree(staging, ignore_errors=True)
+    dist.barrier()
+    return final
+
+
+def latest(root: str | Path) -> Path | None:
+    """The newest sealed checkpoint folder under ``root`` (None if there is none)."""
+    folders = sorted(p for p in Path(root).glob("step_*") if p.is_dir()) if root else []
+    return folders[-1] if folders else None
+
+
+def check(folder: str | Path, config) -> dict:
+    """The manifest of a complete checkpoint of this model; ``FolderError`` naming what is
+    missing or what differs otherwise."""
+    manifest = verify_folder(folder)
+    if ".metadata" not in manifest["files"]:
+        raise FolderError(f"{folder} holds no .metadata: not a complete checkpoint; valid: a "
+                          "folder written by helpers.composed.checkpoint.save")
+    theirs = manifest.get("model", {})
+    wrong = {k: (theirs.get(k), getattr(config, k)) for k in MODEL_FIELDS
+             if theirs.get(k) != getattr(config, k)}
+    if wrong:
+        listed = ", ".join(f"{k}={a} in the checkpoint, {b} here" for k, (a, b) in wrong.items())
+        raise FolderError(f"{folder} holds another model ({listed}); valid: the same model "
+                          "sizes and seed, under any layout")
+    return manifest
+
+
+def load(folder: str | Path, module: torch.nn.Module, optimizer, config) -> dict:
+    """Collective: check the folder, then load this rank's pieces into ``module`` and
+    ``optimizer`` (resharded to this layout); returns the manifest."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    manifest = check(folder, config)
+    model_state, optim_state = get_state_dict(module, optimizer, options=_OPTIONS())
+    state = {"model": model_state, "optim": optim_state}
+    dcp.load(state, checkpoint_id=str(folder))
+    set_state_dict(module, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"], options=_OPTIONS())
+    return manifest
