@@ -46,6 +46,9 @@ def save(root: str | Path, step: int, module: torch.nn.Module, optimizer, config
 
     final = step_folder(root, step)
     staging = final.with_name(f".{final.name}.staging")
+    if dist.get_rank() == 0:  # what a killed attempt left half-written
+        shutil.rmtree(staging, ignore_errors=True)
+    dist.barrier()
     model_state, optim_state = get_state_dict(module, optimizer, options=_OPTIONS())
     dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(staging))
     dist.barrier()
