@@ -11,6 +11,7 @@ parallelism); each block, then the stage, is sharded over ``dp`` by ``fully_shar
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 
 from torch import nn
@@ -55,7 +56,7 @@ class Layout:
                            (lm.vocab, "vocab")):
             if size % self.tp:
                 raise ValueError(f"tp={self.tp} does not divide {what}={size}; valid tp: "
-                                 f"{divisors(_gcd(lm.heads, lm.kv, lm.ffn, lm.vocab))}")
+                                 f"{divisors(math.gcd(lm.heads, lm.kv, lm.ffn, lm.vocab))}")
         if batch % self.dp:
             raise ValueError(f"batch={batch} does not split over dp={self.dp}; valid dp: "
                              f"{divisors(batch)}")
@@ -68,15 +69,6 @@ class Layout:
                              f"least one micro-batch per stage; valid: "
                              f"{[m for m in divisors(rows) if m >= self.pp]}")
         return self
-
-
-def _gcd(*values: int) -> int:
-    from math import gcd
-
-    out = 0
-    for v in values:
-        out = gcd(out, v)
-    return out
 
 
 class StageModule(nn.Module):
