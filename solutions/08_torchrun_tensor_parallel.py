@@ -1,4 +1,4 @@
-"""Lesson 08's exercises, solved. Try them in the notebook first."""
+"""Lesson 08's exercise, solved. Try it in the notebook first."""
 
 
 # %% Exercise 08.1: torchrun on the second machine
@@ -9,12 +9,4 @@ node1_args = [
 ]
 
 
-# %% Exercise 08.2: Llama-70B on 80 GiB cards
-# from helpers.memory import LLAMA_70B_SHAPE
-# from helpers.memory.fits import Layout, per_gpu
-# [pp for pp in range(1, 81)
-#  if per_gpu(LLAMA_70B_SHAPE, Layout("x", tp=8, pp=pp), seq=4096).total <= 80 * 2**30][0]
-fewest_stages_70b = 4
-
-
-ANSWERS = {"08.1": node1_args, "08.2": fewest_stages_70b}
+ANSWERS = {"08.1": node1_args}

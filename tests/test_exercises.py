@@ -19,8 +19,8 @@ from helpers.exercises.feedback import NotSolved, Wrong, answer, checker, given
 from helpers.exercises.solutions import SOLUTIONS_DIR, load_solutions, sections
 from helpers.exercises.two_ranks import run_ranks
 
-MODULES = ("collectives", "data_parallel", "model_parallel", "pipeline", "placement", "tensor_parallel",
-           "torchrun", "transformer_tp", "vocab_loss")
+MODULES = ("collectives", "data_parallel", "layout_fits", "mesh_groups", "model_parallel",
+           "pipeline", "placement", "tensor_parallel", "torchrun", "transformer_tp", "vocab_loss")
 LESSONS = sorted((REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
@@ -157,13 +157,20 @@ WRONG = {
     "07.2": (_Identity, "partial output"),
     "07.3": (lambda t, h, p, layers: layers * 2 * (p - 1) / p * t * h * 4, "backward"),
     "08.1": (NODE0, "second machine"),
-    "08.2": (8, "fewer stages"),
     "09.1": (_split(**{"attn.o_proj.weight": "rows"}), "row-parallel"),
     "09.2": (lambda t, h, tp, e: t * (6 * h * e + 8) * (tp - 1) / tp, "Korthikanti"),
     "09.3": (_loss_without(shift=False), "maximum"),
+    "10.1": (lambda pp, dp, tp: {"pp": [list(range(k, pp * dp * tp, dp * tp)) for k in range(dp * tp)],
+                                 "dp": [[p * dp * tp + d * tp + t for d in range(dp)]
+                                        for p in range(pp) for t in range(tp)],
+                                 "tp": [[t * pp * dp + q for t in range(tp)]
+                                        for q in range(pp * dp)]}, "row-major"),
+    "10.2": ((8, 1), "fewer model-parallel GPUs"),
 }
-PLACEHOLDERS = {"07.2": _Unsolved, "03.2": ..., "06.2": ..., "08.1": ..., "08.2": ...,
-                "09.1": dict.fromkeys(_split(), ...)}
+PLACEHOLDERS = {"07.2": _Unsolved, "03.2": ..., "06.2": ..., "08.1": ...,
+                "09.1": dict.fromkeys(_split(), ...), "10.2": ...}
+# Lessons with fewer than two exercises, and why: lesson 08 gave "what fits" (08.2) to lesson 10.
+ONE_EXERCISE = {"08"}
 
 
 def test_every_exercise_has_a_checker_a_wrong_answer_and_a_solution():
@@ -298,7 +305,7 @@ def test_every_lesson_ends_with_unsolved_exercises_and_further_reading(notebook)
     cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
     markdown = ["".join(c["source"]) for c in cells if c["cell_type"] == "markdown"]
     found = exercise_cells(notebook)
-    assert 2 <= len(found) <= 3
+    assert (1 if notebook.name[:2] in ONE_EXERCISE else 2) <= len(found) <= 3
     lesson = notebook.name[:2]
     for exercise, cell in found:
         assert exercise.startswith(lesson)
@@ -574,3 +581,37 @@ def test_the_vocab_loss_check_uses_large_logits_and_leaves_torch_as_it_was():
     assert time.perf_counter() - start < 10
     assert torch.distributed.all_reduce is library
     assert dict(_world.pg_group_ranks) == groups
+
+
+# Lesson 10: the layout that fits Llama-70B on 64 GPUs without recomputation.
+
+def test_the_layout_answer_is_the_searchs_and_every_other_pair_is_told_why():
+    from helpers.exercises import layout_fits
+
+    want = layout_fits.search().chosen
+    assert check("10.2", (want.tp, want.pp)).solved
+    assert load_solution("10.2") == (want.tp, want.pp)
+    words = {"does not fit", "fewer model-parallel GPUs"}
+    for tp, pp in [(1, 1), (1, 2), (2, 2), (4, 1), (8, 1), (8, 8)]:
+        feedback = check("10.2", (tp, pp))
+        assert feedback.status == "wrong" and any(w in feedback.message for w in words), feedback
+        assert "search_layouts" in feedback.hint
+
+
+def test_the_layout_check_prefers_tensor_parallelism_at_equal_degree(monkeypatch):
+    from helpers.exercises import layout_fits
+
+    monkeypatch.setattr(layout_fits, "CARD", int(130.8 * 2**30))  # PP 2 fits, FSDP 64 not
+    assert check("10.2", (2, 1)).solved
+    assert "TP inside a node first" in check("10.2", (1, 2)).message
+
+
+@pytest.mark.parametrize("value, words", [
+    ((3, 1), "tp = 3; valid: [1, 2, 4, 8]"),
+    ((2, 3), "pp = 3 with tp = 2; valid: [1, 2, 4, 8, 16, 32]"),
+    ((2, 1.0), "expected a pair of whole numbers"),
+    ([2, 1], "expected a pair of whole numbers"),
+    ((True, 1), "expected a pair of whole numbers"),
+])
+def test_bad_shapes_of_layout_answers_are_reported(value, words):
+    assert words in check("10.2", value).message

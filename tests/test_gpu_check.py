@@ -111,7 +111,7 @@ def test_every_step_has_its_function_and_smoke_launches_k2_only():
     from course_tools.gpu_check.steps_pipeline import skip_reason
 
     assert list(step_functions()) == [s.name for s in STEPS]
-    assert STEPS[-1].name == "transformer_tp"  # lesson 09, the last lesson
+    assert STEPS[-1].name == "composed"  # lesson 10, the last lesson
     assert skip_reason(4, 2, FULL.cpu_stages).startswith("2 CPU core(s)")  # cores come first
     assert skip_reason(4, 8, FULL.cpu_stages) is None
     assert "--smoke" in skip_reason(4, 8, SMOKE.cpu_stages)
@@ -174,6 +174,9 @@ def test_smoke_run_passes_every_step(tmp_path):
     assert (tmp_path / "gpu_check_smoke" / "mp_vs_rn.png").stat().st_size > 0
     tp = {s["name"]: s for s in doc["steps"]}["transformer_tp"]["figures"]
     assert tp["world_size"] == 2 and tp["verdicts"]["all"] and tp["native"] == "ok"
+    composed = {s["name"]: s for s in doc["steps"]}["composed"]["figures"]
+    assert list(composed["runs"]) == ["tp=2"] and composed["runs"]["tp=2"]["ok"]
+    assert composed["runs"]["tp=2"]["sent_ok_all_ranks"] and composed["dtype"] == "float64"
     assert not (tmp_path / "gpu_check.json").exists()  # never the real run's file
     assert result.returncode == 0, result.stderr[-3000:]
 

@@ -336,7 +336,7 @@ def stand_in(monkeypatch, tmp_path):
     """Launch ``python -c script module nproc port log_dir args...`` instead of torchrun."""
 
     def use(script: str):
-        def command(module, args, *, nproc, port, log_dir):
+        def command(module, args, *, nproc, port, log_dir, restarts=0):
             return [
                 sys.executable,
                 "-c",
@@ -484,7 +484,7 @@ def test_launch_retries_a_picked_port_taken_meanwhile_but_nothing_else(monkeypat
     def once_failing(outcomes):
         outcomes = iter(outcomes)
 
-        def once(module, args, nproc, timeout, threads, port, log_dir, env):
+        def once(module, args, nproc, timeout, threads, port, log_dir, env, restarts):
             attempts.append(port)
             outcome = next(outcomes)
             if outcome == "ok":

@@ -74,6 +74,15 @@ STEPS = (
         60,
         15,
     ),
+    Step(
+        "composed",
+        "lesson 10: the small Llama in 3-D (FSDP x TP+SP x 1F1B) on one GPU per rank (NCCL): "
+        "with 8 GPUs every layout and the checkpoint round trip, with fewer the layouts that "
+        "fit, with 1 the one-device run; float64 proofs against one process, ledgers, bytes "
+        "per mesh dimension and times recorded",
+        120,
+        20,
+    ),
 )
 
 StepFunction = Callable[[Context, dict], None]
@@ -84,6 +93,7 @@ def step_functions() -> dict[str, StepFunction]:
     (so a new step is one ``Step`` above and one ``step_<name>`` function); imports the step
     modules (and torch)."""
     from course_tools.gpu_check import (
+        steps_composed,
         steps_data_parallel,
         steps_model_parallel,
         steps_pipeline,
@@ -93,7 +103,7 @@ def step_functions() -> dict[str, StepFunction]:
     )
 
     modules = (steps_model_parallel, steps_pipeline, steps_placement, steps_data_parallel,
-               steps_tensor_parallel, steps_transformer_tp)
+               steps_tensor_parallel, steps_transformer_tp, steps_composed)
     found = {
         name.removeprefix("step_"): getattr(module, name)
         for module in modules

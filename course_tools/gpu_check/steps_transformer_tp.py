@@ -75,9 +75,9 @@ def tp_config(ctx: Context) -> LlamaTPConfig:
     return replace(config, tp=tp, native=tp > 1)
 
 
-def native_api_missing() -> str | None:
-    """What this torch lacks of the native API the worker uses, or None."""
-    for module, name in NATIVE_API:
+def native_api_missing(api: tuple[tuple[str, str], ...] | None = None) -> str | None:
+    """What this torch lacks of ``api`` (default: the native API the worker uses), or None."""
+    for module, name in NATIVE_API if api is None else api:
         try:
             getattr(importlib.import_module(module), name)
         except (ImportError, AttributeError) as error:

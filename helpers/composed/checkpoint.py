@@ -12,6 +12,7 @@ file and refuses a folder that is incomplete or holds another model, by name.
 from __future__ import annotations
 
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -30,7 +31,7 @@ def _OPTIONS():  # noqa: N802 - a constant, built when torch.distributed.checkpo
     return StateDictOptions(flatten_optimizer_state_dict=True)
 
 
-MODEL_FIELDS = ("vocab", "hidden", "heads", "kv_heads", "ffn", "layers", "seed")
+MODEL_FIELDS = ("vocab", "hidden", "heads", "kv_heads", "ffn", "layers", "seed", "dtype")
 
 
 def step_folder(root: str | Path, step: int) -> Path:
@@ -39,29 +40,34 @@ def step_folder(root: str | Path, step: int) -> Path:
 
 
 def save(root: str | Path, step: int, module: torch.nn.Module, optimizer, config,
-         losses: list[float]) -> Path:
-    """Collective: every rank saves its shards; rank 0 seals the folder."""
+         losses: list[float], group=None, weights_sha256: str = "") -> Path:
+    """Collective over ``group`` (default: all ranks): every rank saves its shards; the
+    group's first rank seals the folder (its manifest records ``weights_sha256``, the
+    weights' fingerprint, ``digest.fingerprint``)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     final = step_folder(root, step)
     staging = final.with_name(f".{final.name}.staging")
-    if dist.get_rank() == 0:  # what a killed attempt left half-written
+    first = dist.get_rank(group) == 0
+    if first:  # what a killed attempt left half-written
         shutil.rmtree(staging, ignore_errors=True)
-    dist.barrier()
+    dist.barrier(group=group)
     model_state, optim_state = get_state_dict(module, optimizer, options=_OPTIONS())
-    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(staging))
-    dist.barrier()
-    if dist.get_rank() == 0:
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(staging),
+             process_group=group)
+    dist.barrier(group=group)
+    if first:
         def fill(tmp: Path) -> None:
             for path in staging.iterdir():
                 shutil.move(str(path), tmp / path.name)
 
         meta = {"model": {k: getattr(config, k) for k in MODEL_FIELDS}, "step": step,
-                "losses": losses, "layout": str(config.layout)}
+                "losses": losses, "layout": str(config.layout),
+                "weights_sha256": weights_sha256}
         write_verified_folder(final, fill, meta=meta)
         shutil.rmtree(staging, ignore_errors=True)
-    dist.barrier()
+    dist.barrier(group=group)
     return final
 
 
@@ -88,16 +94,38 @@ def check(folder: str | Path, config) -> dict:
     return manifest
 
 
-def load(folder: str | Path, module: torch.nn.Module, optimizer, config) -> dict:
-    """Collective: check the folder, then load this rank's pieces into ``module`` and
-    ``optimizer`` (resharded to this layout); returns the manifest."""
+def load(folder: str | Path, module: torch.nn.Module, optimizer, config, group=None) -> dict:
+    """Collective over ``group``: check the folder, then load this rank's pieces into
+    ``module`` and ``optimizer`` (resharded to this layout); returns the manifest."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     manifest = check(folder, config)
     model_state, optim_state = get_state_dict(module, optimizer, options=_OPTIONS())
     state = {"model": model_state, "optim": optim_state}
-    dcp.load(state, checkpoint_id=str(folder))
+    dcp.load(state, checkpoint_id=str(folder), process_group=group)
     set_state_dict(module, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optim"], options=_OPTIONS())
     return manifest
+
+
+def load_one_process(folder: str | Path, config) -> tuple[torch.nn.Module, torch.optim.Optimizer,
+                                                         dict]:
+    """Without any process group: the whole model and its AdamW, loaded from a checkpoint
+    that any layout wrote (``dcp.load`` reads every shard it needs); and the manifest."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    from helpers.placement.tiny_lm import build_lm
+
+    manifest = check(folder, config)
+    model = build_lm(config.lm, seed=config.seed).train().to(config.torch_dtype)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
+    model_state, optim_state = get_state_dict(model, optimizer, options=_OPTIONS())
+    state = {"model": model_state, "optim": optim_state}
+    with warnings.catch_warnings():  # one process, no process group: as intended here
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=str(folder))
+    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"], options=_OPTIONS())
+    return model, optimizer, manifest

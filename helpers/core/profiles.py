@@ -14,100 +14,22 @@ from dataclasses import dataclass
 
 import torch
 
+from helpers.core.profile_sizes import (  # noqa: F401 (re-exported: the lessons' sizes)
+    ComposedSizes,
+    DataParallelSizes,
+    FFNSizes,
+    LMSizes,
+    PipelineSizes,
+    ResNetSizes,
+    ScheduleSizes,
+    ToySizes,
+    TransformerTPSizes,
+)
 from helpers.core.sizes import format_bytes
 
 ENV_VAR = "TUTORIAL_PROFILE"
 CHOICES = ("small", "full", "auto")  # what $TUTORIAL_PROFILE may say
 NAMES = ("smoke", "small", "full")  # what get_profile(name) accepts
-
-
-@dataclass(frozen=True)
-class ToySizes:
-    """Lesson 01: the toy model (the source's sizes are tiny, so every profile uses them)."""
-
-    batch: int = 20
-    inputs: int = 10000
-    hidden: int = 10
-    outputs: int = 5
-
-
-@dataclass(frozen=True)
-class ResNetSizes:
-    """Lesson 02: the ResNet50 training loop."""
-
-    batch: int
-    image_size: int
-    batches: int
-    classes: int = 1000
-
-
-@dataclass(frozen=True)
-class PipelineSizes:
-    """Lesson 03: ResNet50 in stages, one process each."""
-
-    batch: int
-    image_size: int  # the timed runs'
-    microbatches: int
-    proof_image_size: int  # the proofs' and the memory measurement's
-
-
-@dataclass(frozen=True)
-class ScheduleSizes:
-    """Lesson 04: pipeline schedules on a stack of equal MLP blocks."""
-
-    width: int
-    blocks: int
-    batch: int
-    microbatches: int
-
-
-@dataclass(frozen=True)
-class FFNSizes:
-    """Lessons 07 and 08: the tensor-parallel FFN, in the source script's flag names."""
-
-    hidden_size: int
-    ffn_size: int
-    seq_len: int
-    batch_size: int
-    world_size: int
-    iters: int
-    warmup: int
-
-
-@dataclass(frozen=True)
-class LMSizes:
-    """Lesson 05: ``device_map="auto"`` on a Llama-shaped model (MLP 4x hidden, 64 per head)."""
-
-    vocab: int
-    hidden: int
-    blocks: int
-    batch: int
-    seq: int
-
-
-@dataclass(frozen=True)
-class DataParallelSizes:
-    """Lesson 06: data parallelism and ZeRO on lesson 05's Llama-shaped model (``lm``)."""
-
-    batch: int  # sequences per step, over all ranks (of ``lm.seq`` tokens)
-    accumulation: int  # micro-steps in the no_sync proof
-    bucket_cap_mb: float  # DDP's bucket size
-    collective_sizes: tuple[int, ...]  # bytes of the full tensor, for the alpha-beta fit
-
-
-@dataclass(frozen=True)
-class TransformerTPSizes:
-    """Lesson 09: tensor parallelism of a whole small Llama (GQA, RoPE) over 2 and 4 ranks."""
-
-    vocab: int  # not a multiple of 4: the 4-rank run pads it
-    hidden: int
-    heads: int
-    kv_heads: int
-    ffn: int
-    layers: int
-    seq: int
-    batch: int
-    time_steps: int  # timed training steps per setting, after the warm-up
 
 
 # the source's documented command: torch_tp_demo.py --hidden_size 512 --ffn_size 4096 ...
@@ -130,11 +52,12 @@ class Profile:
     lm: LMSizes
     data_parallel: DataParallelSizes
     transformer_tp: TransformerTPSizes
+    composed: ComposedSizes
 
     def describe(self, topic: str | None = None) -> str:
         """One line naming the profile and the sizes that ``topic`` (a lesson's subject) uses."""
         t, r, p, s, f, m = self.toy, self.resnet, self.pipeline, self.schedules, self.ffn, self.lm
-        w, d, x = self.wide_ffn, self.data_parallel, self.transformer_tp
+        w, d, x, c = self.wide_ffn, self.data_parallel, self.transformer_tp, self.composed
         sizes = {
             "toy": f"toy model {t.inputs} -> {t.hidden} -> {t.outputs}, batch {t.batch}",
             "resnet": f"ResNet50 batch {r.batch} at {r.image_size}x{r.image_size}, "
@@ -152,6 +75,9 @@ class Profile:
             "transformer_tp": f"Llama: vocab {x.vocab}, hidden {x.hidden}, {x.heads} heads "
             f"({x.kv_heads} key/value), MLP {x.ffn}, {x.layers} blocks; batch {x.batch} x "
             f"{x.seq} tokens; {x.time_steps} timed steps",
+            "composed": f"Llama: vocab {c.vocab}, hidden {c.hidden}, {c.heads} heads "
+            f"({c.kv_heads} key/value), MLP {c.ffn}, {c.layers} blocks; batch {c.batch} x "
+            f"{c.seq} tokens in {c.microbatches} micro-batches; {c.steps} steps",
             "ffn": f"FFN hidden {f.hidden_size}, ffn {f.ffn_size}, seq {f.seq_len}, "
             f"batch {f.batch_size}, world size {f.world_size}",
             "ffn_timing": f"FFN hidden {f.hidden_size}, ffn {f.ffn_size}, seq {f.seq_len}, "
@@ -183,6 +109,8 @@ PROFILES: dict[str, Profile] = {
                                         collective_sizes=(2**10, 2**14, 2**18)),
         transformer_tp=TransformerTPSizes(vocab=250, hidden=64, heads=8, kv_heads=4, ffn=192,
                                           layers=2, seq=16, batch=2, time_steps=2),
+        composed=ComposedSizes(vocab=32, hidden=32, heads=4, kv_heads=2, ffn=64, layers=2,
+                               seq=8, batch=8, microbatches=2, steps=4),
     ),
     "small": Profile(
         "small", warmup=2, repeats=3, toy=ToySizes(),
@@ -195,6 +123,8 @@ PROFILES: dict[str, Profile] = {
         data_parallel=SMALL_DP,
         transformer_tp=TransformerTPSizes(vocab=1002, hidden=256, heads=8, kv_heads=4, ffn=768,
                                           layers=2, seq=64, batch=4, time_steps=5),
+        composed=ComposedSizes(vocab=64, hidden=64, heads=4, kv_heads=2, ffn=128, layers=4,
+                               seq=16, batch=8, microbatches=2, steps=8),
     ),
     "full": Profile(
         "full", warmup=2, repeats=10, toy=ToySizes(),
@@ -208,6 +138,8 @@ PROFILES: dict[str, Profile] = {
                                         collective_sizes=tuple(2**k for k in range(10, 29, 2))),
         transformer_tp=TransformerTPSizes(vocab=32002, hidden=1024, heads=16, kv_heads=4,
                                           ffn=2816, layers=4, seq=256, batch=4, time_steps=10),
+        composed=ComposedSizes(vocab=1024, hidden=256, heads=8, kv_heads=4, ffn=768, layers=4,
+                               seq=64, batch=16, microbatches=4, steps=12),
     ),
 }  # fmt: skip
 

@@ -35,6 +35,7 @@ from helpers.distributed.lifeline import child_of_this_process
 from helpers.distributed.ranks import RESULT_ENV
 
 LOG_DIR_ENV = "TUTORIAL_LOG_DIR"  # where launches keep their logs (default: results/logs)
+last_group: int | None = None  # the process group of the latest launch (its agent's pid)
 
 
 def free_port() -> int:
@@ -91,15 +92,8 @@ def root_cause(launcher_log: str) -> tuple[int | None, int | None]:
 
 def child_env(result_file: Path, threads_per_rank: int, env: dict[str, str] | None) -> dict:
     """The environment of a launch: the caller's, ``env``, the result file, threads per rank."""
-    out = {**os.environ, **(env or {})}
-    out.update(
-        {
-            RESULT_ENV: str(result_file),
-            "OMP_NUM_THREADS": str(threads_per_rank),
-            "PYTHONUNBUFFERED": "1",
-        }
-    )
-    return out
+    return {**os.environ, **(env or {}), RESULT_ENV: str(result_file),
+            "OMP_NUM_THREADS": str(threads_per_rank), "PYTHONUNBUFFERED": "1"}
 
 
 def new_log_dir(module: str, log_dir: str | Path | None) -> tuple[Path, bool]:
@@ -134,9 +128,11 @@ def kill_group(proc: subprocess.Popen, grace: float = 5.0) -> None:
 
 
 def torchrun_command(
-    module: str, args: Sequence[str], *, nproc: int, port: int, log_dir: str | Path
+    module: str, args: Sequence[str], *, nproc: int, port: int, log_dir: str | Path,
+    restarts: int = 0,
 ) -> list[str]:
-    """The ``torchrun`` command line of a one-machine launch, as a list of arguments."""
+    """The ``torchrun`` command line of a one-machine launch, as a list of arguments;
+    ``restarts``: how many times torchrun restarts every rank after one fails."""
     return [
         sys.executable,
         "-m",
@@ -145,7 +141,7 @@ def torchrun_command(
         f"--nproc-per-node={nproc}",
         "--master-addr=127.0.0.1",
         f"--master-port={port}",
-        "--max-restarts=0",
+        f"--max-restarts={restarts}",
         "--monitor-interval=0.2",
         f"--log-dir={log_dir}",
         "--redirects=3",  # each rank's stdout and stderr to its own file
@@ -171,6 +167,7 @@ def launch(
     port: int | None = None,
     log_dir: str | Path | None = None,
     env: dict[str, str] | None = None,
+    restarts: int = 0,
 ) -> dict:
     """Run ``torchrun --nproc-per-node=nproc -m module args`` and return rank 0's JSON.
 
@@ -183,7 +180,7 @@ def launch(
         chosen = free_port() if port is None else validate_port(port)
         try:
             return _launch_once(
-                module, args, nproc, timeout, threads_per_rank, chosen, log_dir, env
+                module, args, nproc, timeout, threads_per_rank, chosen, log_dir, env, restarts
             )
         except LaunchError as error:
             if port is not None or attempt == 2 or not error.port_clash:
@@ -191,11 +188,13 @@ def launch(
     raise AssertionError("unreachable")
 
 
-def _launch_once(module, args, nproc, timeout, threads_per_rank, port, log_dir, env) -> dict:
+def _launch_once(module, args, nproc, timeout, threads_per_rank, port, log_dir, env,
+                 restarts) -> dict:
     log_dir, created = new_log_dir(module, log_dir)
     result_file = log_dir / "result.json"
     result_file.unlink(missing_ok=True)
-    cmd = torchrun_command(module, args, nproc=nproc, port=port, log_dir=log_dir)
+    cmd = torchrun_command(module, args, nproc=nproc, port=port, log_dir=log_dir,
+                           restarts=restarts)
     launcher_log = log_dir / "launcher.log"
     with open(launcher_log, "w") as out:
         proc = subprocess.Popen(
@@ -206,6 +205,8 @@ def _launch_once(module, args, nproc, timeout, threads_per_rank, port, log_dir, 
             start_new_session=True,
             preexec_fn=child_of_this_process(),  # the agent dies with us; each rank with it
         )
+        global last_group
+        last_group = proc.pid
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

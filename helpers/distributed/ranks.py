@@ -65,11 +65,32 @@ def init_rank(module: str = "this module", *, device: str = "auto", backend: str
         local = torch.device("cuda", local_rank)
         torch.cuda.set_device(local)
     dist.init_process_group(
-        backend=plan.backend, device_id=local if plan.backend == "nccl" else None
+        backend=plan.backend, device_id=local if plan.backend == "nccl" else None,
+        **attempt_store(world_size),
     )
     return Rank(
         dist.get_rank(), dist.get_world_size(), local_rank, local, plan.backend, plan.reason
     )
+
+
+def attempt_store(world_size: int) -> dict:
+    """The agent's store, under a prefix of its own for this attempt, when torchrun has one.
+
+    After ``--max-restarts`` brings a launch back, the agent's store (``MASTER_ADDR:
+    MASTER_PORT``) still holds the keys that the killed attempt's ranks wrote: gloo's
+    peer addresses among them. Without a prefix per attempt, a new rank can read a dead
+    peer's address before the new one overwrites it, and fail with "Connection refused".
+    Empty (the usual env:// rendezvous) when torchrun does not share its store.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    from datetime import timedelta
+
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          is_master=False, timeout=timedelta(minutes=10))
+    return {"store": dist.PrefixStore(f"attempt_{attempt}", store),
+            "rank": int(os.environ["RANK"]), "world_size": world_size}
 
 
 @contextmanager

@@ -1,4 +1,4 @@
-"""Checkers for lesson 08 (``torchrun`` launches, and what fits on real GPUs)."""
+"""Checker for lesson 08 (``torchrun`` launches)."""
 
 from __future__ import annotations
 
@@ -8,15 +8,10 @@ from collections.abc import Sequence
 
 from torch.distributed.run import get_args_parser
 
-from helpers.core.sizes import format_bytes
 from helpers.exercises.feedback import Wrong, checker, given
-from helpers.memory import LLAMA_70B_SHAPE
-from helpers.memory.fits import Layout, per_gpu
 
 NODES, PER_NODE, HOST, PORT = 2, 4, "node0.example", 29500
 MODULE = "helpers.tp_demo"
-CARD = 80 * 2**30
-SEQ, TP = 4096, 8
 
 
 def parse_torchrun(args: Sequence[str]) -> dict:
@@ -83,40 +78,3 @@ def check_node1_args(node1_args: Sequence[str]) -> str:
            f"{parsed['rdzv_backend']} rendezvous: ranks are given out as nodes arrive")
     return (f"torchrun reads {NODES} nodes x {PER_NODE} processes ({way}). Node 0 runs the "
             f"same command{' with --node-rank=0' if parsed['rdzv_backend'] == 'static' else ''}.")
-
-
-def fullest_gpu(pp: int) -> int:
-    """Bytes on the fullest GPU of Llama-70B under TP 8 x PP ``pp``, 1F1B (lesson 08's table)."""
-    return per_gpu(LLAMA_70B_SHAPE, Layout(f"TP {TP} x PP {pp}", tp=TP, pp=pp), seq=SEQ).total
-
-
-def fewest_stages() -> int:
-    """The fewest pipeline stages that fit the card, searched with the lesson's estimator."""
-    for pp in range(1, LLAMA_70B_SHAPE.blocks + 1):
-        if fullest_gpu(pp) <= CARD:
-            return pp
-    raise ValueError("no pipeline depth fits")
-
-
-@checker("08.2", "Set fewest_stages_70b to a number, then run this cell again.")
-def check_fewest_stages_70b(fewest_stages_70b: int) -> str:
-    """The fewest 1F1B stages that, with TP 8, fit Llama-70B's training on 80 GiB cards."""
-    got = given(fewest_stages_70b)
-    blocks = LLAMA_70B_SHAPE.blocks
-    if not isinstance(got, int) or not 1 <= got <= blocks:
-        raise Wrong(f"fewest_stages_70b = {got!r}; expected a whole number of stages, 1 to "
-                    f"{blocks} (one block per stage at most)")
-    want = fewest_stages()
-    if got < want:
-        raise Wrong(f"With {got} stage(s) the fullest GPU needs {format_bytes(fullest_gpu(got))}, "
-                    f"over {format_bytes(CARD)}",
-                    "per_gpu(shape, Layout(name, tp=8, pp=...), seq=4096) from helpers.memory.fits "
-                    "gives the fullest GPU's ledger for one depth")
-    if got > want:
-        raise Wrong(f"{got} stages fit ({format_bytes(fullest_gpu(got))} on the fullest GPU), "
-                    "but fewer stages fit too, and each stage you add lengthens the bubble",
-                    "try smaller depths")
-    return (f"{want} stages x TP {TP} = {want * TP} GPUs: the fullest GPU needs "
-            f"{format_bytes(fullest_gpu(want))}, and {format_bytes(fullest_gpu(want - 1))} with "
-            f"{want - 1}. Note that 1F1B's first stage holds pp micro-batches of blocks/pp "
-            "blocks: more stages shrink its weights, not its activations.")

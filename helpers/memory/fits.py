@@ -79,14 +79,15 @@ def split_blocks(blocks: int, pp: int) -> list[int]:
 
 
 def per_gpu(shape: TransformerShape, layout: Layout, *, seq: int, micro_batch: int = 1,
-            microbatches: int = 32, precision: str = "mixed",
-            optimizer: str = "adam") -> DeviceMemory:
-    """The fullest GPU's ledger (the stage with the largest total) under ``layout``."""
+            microbatches: int = 32, precision: str = "mixed", optimizer: str = "adam",
+            sequence_parallel: bool = False) -> DeviceMemory:
+    """The fullest GPU's ledger (the stage with the largest total) under ``layout``
+    (``sequence_parallel`` with ``tp`` > 1: the norms' tensors split along the sequence)."""
     ledger = estimate_transformer(
         shape, batch=micro_batch, seq=seq, optimizer=optimizer, precision=precision,
         stages=split_blocks(shape.blocks, layout.pp), tp=layout.tp,
         in_flight=layout.in_flight(microbatches), dp=layout.dp, zero=layout.zero,
-        recompute=layout.recompute,
+        recompute=layout.recompute, sequence_parallel=sequence_parallel,
     )
     return max(ledger.rows.values(), key=lambda r: r.total)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from helpers.memory.ledger import DeviceMemory
 from helpers.memory.optimizers import STATE_COPIES, STEP_BYTES, validate_optimizer
 
-PRECISIONS = ("fp32", "mixed")
-ELEMENT_BYTES = {"fp32": 4, "mixed": 2}  # weights, grads and activations as computed
+PRECISIONS = ("fp32", "fp64", "mixed")
+ELEMENT_BYTES = {"fp32": 4, "fp64": 8, "mixed": 2}  # weights, grads and activations as computed
 ZERO_STAGES = (0, 1, 2, 3)
 
 
@@ -45,14 +45,16 @@ def parameter_memory(
 ) -> DeviceMemory:
     """Weights, grads and optimizer state for ``numel`` parameters in ``tensors`` tensors.
 
-    ``fp32``: 4 bytes each for weights and grads, plus the optimizer's copies.
+    ``fp32``: 4 bytes each for weights and grads, plus the optimizer's copies (``fp64``: 8;
+    the step counters stay float32).
     ``mixed``: 16-bit weights and grads (2 + 2 bytes) and a float32 master copy (4) that
     the optimizer updates, plus its float32 copies: 16 bytes per parameter with Adam.
     """
     validate_optimizer(optimizer)
-    if validate_precision(precision) == "fp32":
-        state = STATE_COPIES[optimizer] * 4 * numel
-        return DeviceMemory(4 * numel + buffers, 4 * numel, state + STEP_BYTES[optimizer] * tensors)
+    if validate_precision(precision) != "mixed":
+        e = ELEMENT_BYTES[precision]
+        state = STATE_COPIES[optimizer] * e * numel
+        return DeviceMemory(e * numel + buffers, e * numel, state + STEP_BYTES[optimizer] * tensors)
     state = (1 + STATE_COPIES[optimizer]) * 4 * numel + STEP_BYTES[optimizer] * tensors
     return DeviceMemory(2 * numel + buffers, 2 * numel, state)
 

@@ -108,8 +108,9 @@ class TransformerShape:
         h, f = self.hidden, self.ffn
         split = 2 * h + 2 * self.kv_width + 4 * f  # q, attention output, k, v, the MLP's 4
         replicated = 4 * h // tp + 2 * h if seq_parallel else 6 * h
-        per_token = (split // tp + replicated) * element_size + self.heads * 4 // tp  # + lse
-        norm_stats = tokens * 2 * 4 // (tp if seq_parallel else 1)  # one rstd per norm row
+        stat = _stat_size(element_size)
+        per_token = (split // tp + replicated) * element_size + self.heads * stat // tp  # + lse
+        norm_stats = tokens * 2 * stat // (tp if seq_parallel else 1)  # one rstd per norm row
         return tokens * per_token + norm_stats
 
     def block_input_bytes(self, tokens: int, element_size: int, tp: int = 1,
@@ -153,13 +154,19 @@ class TransformerShape:
         the softmax (the vocabulary padded to a multiple of ``tp``), the labels, and a
         one-byte mask of the tokens whose label is among its columns.
         """
-        e, h = element_size, self.hidden
-        norm = tokens * (2 * h * e + 4) // (tp if seq_parallel else 1)
+        e, h, stat = element_size, self.hidden, _stat_size(element_size)
+        norm = tokens * (2 * h * e + stat) // (tp if seq_parallel else 1)
         if not _vocab_parallel(vocab_parallel, tp):
-            loss = tokens * (self.vocab * e + 8) + 4
+            loss = tokens * (self.vocab * e + 8) + stat
         else:
             loss = tokens * (-(-self.vocab // tp) * e + 8 + 1)
         return norm + tokens * h * e + loss
+
+
+def _stat_size(element_size: int) -> int:
+    """Bytes of a statistic (the softmax's log-sum-exp, a norm's rstd, the loss): float32
+    in float32 and in mixed precision (autocast keeps them in float32); float64 in it."""
+    return max(4, element_size)
 
 
 def _vocab_parallel(flag: bool | None, tp: int) -> bool:

@@ -1,0 +1,123 @@
+"""What one rank of the 3-D run should hold, predicted from the shapes and the plans.
+
+Each weight of a stage is split by the tensor-parallel plan (lesson 09's ``llama_plans``:
+a column-parallel linear by its rows, a row-parallel one by its columns, the embedding
+by the vocabulary, the norms whole), then ``fully_shard`` cuts what is left along its
+first dimension over ``dp`` (a chunk of ``ceil(rows / dp)`` rows). AdamW keeps two
+tensors per weight (``exp_avg``, ``exp_avg_sq``) and a float32 step counter. The
+activations are the estimator's (``helpers.memory``), for the micro-batches in flight.
+
+One gradient is not shaped like its weight: PyTorch's vocabulary-parallel embedding
+(``RowwiseParallel`` on ``nn.Embedding``) hands back its gradient whole (``Replicate``),
+not in slices, so each tensor-parallel rank holds the full ``vocab x hidden`` gradient
+before the optimizer step.
+"""
+
+from __future__ import annotations
+
+import math
+
+from helpers.composed.layout import StageModule
+from helpers.memory.estimate import estimate_transformer
+from helpers.memory.ledger import DeviceMemory
+from helpers.memory.transformer import TransformerShape
+from helpers.placement.tiny_lm import build_lm
+
+STEP_BYTES = 4  # AdamW's step counter, a float32 scalar per weight
+
+
+def tp_dim(name: str) -> int | None:
+    """The dimension the tensor-parallel plan splits parameter ``name`` along (None: whole)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    from helpers.tensor_parallel.native_llama import llama_plans
+
+    top, block = llama_plans(sequence_parallel=True)
+    parts = name.split(".")
+    module = ".".join(parts[2:-1]) if parts[0] == "blocks" else ".".join(parts[:-1])
+    style = (block if parts[0] == "blocks" else top).get(module)
+    if isinstance(style, ColwiseParallel) or (module == "embed" and style is not None):
+        return 0
+    return 1 if isinstance(style, RowwiseParallel) else None
+
+
+def _local_numel(shape: list[int], split: int | None, tp: int, dp: int) -> int:
+    shape = list(shape)
+    if split is not None:
+        shape[split] //= tp
+    shape[0] = -(-shape[0] // dp)  # fully_shard's chunk of the first dimension
+    return math.prod(shape)
+
+
+def predicted_memory(config, stage: int) -> DeviceMemory:
+    """A rank of ``stage``'s ledger: its pieces of the weights, gradients and AdamW state,
+    and the activations of 1F1B's micro-batches in flight on its stage (the peak)."""
+    layout, m = config.layout, config.microbatches
+    e = config.torch_dtype.itemsize
+    module = StageModule(build_lm(config.lm, seed=config.seed), stage, layout.pp)
+    weights = grads = tensors = 0
+    for name, p in module.named_parameters():
+        split = tp_dim(name) if layout.tp > 1 else None
+        numel = _local_numel(p.shape, split, layout.tp, layout.dp)
+        whole = name == "embed.weight" and layout.tp > 1 and layout.dp == 1  # see above
+        weights += numel * e
+        grads += (_local_numel(p.shape, None, 1, layout.dp) if whole else numel) * e
+        tensors += 1
+    rows = config.batch // layout.dp // (m if layout.pp > 1 else 1)
+    in_flight = [min(m, layout.pp - k) if layout.pp > 1 else 1 for k in range(layout.pp)]
+    precision = {4: "fp32", 8: "fp64"}[e]
+    ledger = estimate_transformer(
+        TransformerShape.of(config.lm), batch=rows, seq=config.seq, precision=precision,
+        stages=[config.layers // layout.pp] * layout.pp, tp=layout.tp, in_flight=in_flight,
+        sequence_parallel=layout.tp > 1)
+    activations = list(ledger.rows.values())[stage].activations
+    return DeviceMemory(weights=weights, grads=grads,
+                        optimizer_state=2 * weights + STEP_BYTES * tensors,
+                        activations=activations)
+
+
+def predicted_sent(config, stage: int) -> dict[str, float]:
+    """Bytes a rank of ``stage`` sends in a step, per mesh dimension, from the shapes.
+
+    ``S`` is the residual stream of the rank's sequences (``batch / dp x seq x hidden``
+    elements) and ``r(n) = (n - 1) / n`` a ring's share (lesson 06):
+
+    - ``tp``: sequence parallelism all-gathers S before attention and the MLP and
+      reduce-scatters it after them, and the backward does the mirror: 8 r(tp) S per
+      block; the embedding (a reduce-scatter, and its backward's all-gather) and the
+      head (the same, mirrored) 2 r(tp) S each; ``loss_parallel`` all-reduces three
+      numbers per token; and the weights every tensor-parallel rank holds whole (the
+      norms) get their gradients summed over the ranks: an all-reduce of their bytes.
+      Without ``fully_shard`` (which sums them once, in the backward) these gradients
+      reach AdamW as ``Partial`` DTensors, and DTensor sums one each time an operation
+      needs its value: three times (``exp_avg``'s update uses the gradient once,
+      ``exp_avg_sq``'s twice, as ``grad * grad``).
+    - ``dp``: ``fully_shard`` all-gathers the stage's weights (its tensor-parallel pieces,
+      P bytes) for the forward and again for the backward (once only under a pipeline:
+      they stay gathered between micro-batches), and reduce-scatters their gradients.
+    - ``pp``: each micro-batch's activations go to the next stage and their gradients
+      come back; under tensor parallelism each rank sends its sequence slice.
+    """
+    layout, m, e = config.layout, config.microbatches, config.torch_dtype.itemsize
+    t, d, p = layout.tp, layout.dp, layout.pp
+    first, last = stage == 0, stage == p - 1
+    tokens = config.batch // d * config.seq
+    stream = tokens * config.hidden * e
+    sent: dict[str, float] = {}
+    module = StageModule(build_lm(config.lm, seed=config.seed), stage, p)
+    if t > 1:
+        r = (t - 1) / t
+        blocks = config.layers // p
+        whole = sum(q.numel() for n, q in module.named_parameters() if tp_dim(n) is None) * e
+        sent["tp"] = (r * stream * (8 * blocks + 2 * first + 2 * last)
+                      + 2 * r * (3 * tokens * e * last + whole * (1 if d > 1 else 3)))
+    if d > 1:
+        gathered = 0
+        for name, param in module.named_parameters():
+            split = tp_dim(name) if t > 1 else None
+            gathered += _local_numel(param.shape, split, t, d) * d * e  # padded to d chunks
+        sent["dp"] = (d - 1) / d * gathered * ((2 if p == 1 else 1) + 1)
+    if p > 1:
+        slice_ = tokens // m * config.hidden * e / t
+        sent["pp"] = m * slice_ * ((not last) + (not first))
+    return sent

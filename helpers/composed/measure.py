@@ -1,0 +1,74 @@
+"""What one rank of the 3-D run holds: its shards of the training state, and the peak of
+what autograd keeps for the backward pass (every micro-batch in flight on its stage)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from helpers.memory.ledger import DeviceMemory
+from helpers.memory.saved import SavedTensorMeter
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """A ``DTensor``'s piece on this rank, and the tensor inside a collective's pending
+    result (``AsyncCollectiveTensor``); a plain tensor is its own."""
+    while True:
+        inner = getattr(t, "_local_tensor", None)
+        inner = getattr(t, "elem", None) if inner is None else inner
+        if not isinstance(inner, torch.Tensor):
+            return t
+        t = inner
+
+
+def _bytes(tensors) -> int:
+    return sum(local(t).numel() * local(t).element_size() for t in tensors
+               if isinstance(t, torch.Tensor))
+
+
+def held(module: nn.Module, optimizer: torch.optim.Optimizer) -> DeviceMemory:
+    """This rank's own pieces of the weights, their gradients and AdamW's state (call it
+    after the backward, before ``zero_grad``; activations are the meter's)."""
+    params = list(module.parameters())
+    state = [v for s in optimizer.state.values() for v in s.values()]
+    return DeviceMemory(weights=_bytes(params), grads=_bytes(p.grad for p in params),
+                        optimizer_state=_bytes(state))
+
+
+class StageMeter(SavedTensorMeter):
+    """:class:`SavedTensorMeter` for a stage that ``fully_shard`` and ``DTensor`` rewrote.
+
+    A weight is recognised by what it is, not by its storage: a ``Parameter`` (the sharded
+    one, or the whole one ``fully_shard`` gathered for a forward), or a view of one, is
+    not an activation; the input a pipeline stage received is. A ``DTensor`` counts its
+    local piece.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(nn.Module())
+
+    def _pack(self, tensor: torch.Tensor) -> object:
+        if tensor.is_meta:  # the pipeline's shape inference, not a step
+            return tensor
+        base = tensor if tensor._base is None else tensor._base
+        if isinstance(base, nn.Parameter):  # a weight, or a view of one (its transpose)
+            return tensor
+        piece = local(tensor)
+        if piece is tensor:
+            return super()._pack(tensor)
+        return _Wrapped(tensor, super()._pack(piece))
+
+    @staticmethod
+    def _unpack(packed: object) -> torch.Tensor:
+        if isinstance(packed, _Wrapped):
+            return packed.tensor
+        return SavedTensorMeter._unpack(packed)
+
+
+class _Wrapped:
+    """A ``DTensor`` kept for backward, with the holder that counts its local piece."""
+
+    __slots__ = ("tensor", "holder")
+
+    def __init__(self, tensor: torch.Tensor, holder: object) -> None:
+        self.tensor, self.holder = tensor, holder
