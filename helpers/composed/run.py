@@ -35,36 +35,40 @@ from helpers.placement.tiny_lm import build_lm
 CPU = torch.device("cpu")
 
 
-def _key(config: TrainerConfig, device: torch.device, scale: float) -> tuple:
+def _key(config: TrainerConfig, device: torch.device, scale: float, parts: int) -> tuple:
     return (config.lm, config.steps, config.seed, config.batch, config.seq, config.lr,
-            config.dtype, str(device), scale)
+            config.dtype, str(device), scale, parts)
 
 
 @functools.lru_cache(maxsize=4)
 def _reference(key: tuple) -> Reference:
-    lm, steps, seed, batch, seq, lr, dtype, device, scale = key
+    lm, steps, seed, batch, seq, lr, dtype, device, scale, parts = key
     model = build_lm(lm, seed=seed).train().to(device=device, dtype=DTYPES[dtype])
     task, opt = MarkovTask(lm.vocab, seed), torch.optim.AdamW(model.parameters(), lr=lr)
     losses, grad_scale = [], 0.0
     for step in range(steps):
         ids, targets = (t.to(device) for t in task.batch(batch, seq, step))
-        loss = F.cross_entropy(model(ids).flatten(0, 1), targets.flatten())
         opt.zero_grad()
-        (loss * scale).backward()
+        loss = 0.0
+        for i, t in zip(ids.chunk(parts), targets.chunk(parts), strict=True):
+            part = F.cross_entropy(model(i).flatten(0, 1), t.flatten()) / parts
+            (part * scale).backward()
+            loss += part.item()
         grad_scale = max([grad_scale, *(p.grad.abs().max().item() for p in model.parameters())])
         opt.step()
-        losses.append(loss.item())
+        losses.append(loss)
     return Reference(losses, {k: v.detach().clone() for k, v in model.named_parameters()},
                      grad_scale)
 
 
-def reference_run(config: TrainerConfig, device: torch.device = CPU,
-                  scale: float = 1.0) -> Reference:
+def reference_run(config: TrainerConfig, device: torch.device = CPU, scale: float = 1.0,
+                  parts: int = 1) -> Reference:
     """The one-process model with the same flags (on ``device``): its loss at every step
     (on the whole global batch), its final weights by parameter name, its largest
     gradient element. ``scale`` multiplies every gradient (1: the true one; 0.5 shows what
-    a halved gradient does)."""
-    return _reference(_key(config, device, scale))
+    a halved gradient does); ``parts`` accumulates each batch in that many slices (the
+    same sums in another order)."""
+    return _reference(_key(config, device, scale, parts))
 
 
 def _mesh(layout, ranks: list[int], device_type: str = "cpu"):
