@@ -124,7 +124,7 @@ PROFILES: dict[str, Profile] = {
         transformer_tp=TransformerTPSizes(vocab=1002, hidden=256, heads=8, kv_heads=4, ffn=768,
                                           layers=2, seq=64, batch=4, time_steps=5),
         composed=ComposedSizes(vocab=64, hidden=64, heads=4, kv_heads=2, ffn=128, layers=4,
-                               seq=16, batch=8, microbatches=2, steps=8),
+                               seq=16, batch=8, microbatches=2, steps=6),
     ),
     "full": Profile(
         "full", warmup=2, repeats=10, toy=ToySizes(),
