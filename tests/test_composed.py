@@ -6,7 +6,6 @@ check that they are reached, and what a verdict alone would not say (which step 
 resumed from, that the weights are identical bit for bit, that nothing is left running).
 """
 
-import json
 import shutil
 from dataclasses import replace
 
@@ -88,15 +87,16 @@ def test_a_checkpoint_saved_under_one_layout_resumes_under_another(tmp_path):
     fingerprint; incomplete folders and other models are refused by name."""
     first = TrainerConfig(pp=2, tp=2, steps=2, checkpoint_dir=str(tmp_path), dtype="float64")
     saved = launch_trainer(first, timeout=240)
-    manifest = json.loads((step_folder(tmp_path, 1) / "manifest.json").read_text())
-    assert manifest["step"] == 1 and manifest["weights_sha256"] == saved.weights_sha256
+    manifest = check(step_folder(tmp_path, 1), first)
+    assert manifest.step == 1 and manifest.weights_sha256 == saved.weights_sha256
+    assert manifest.layout == "tp=2 x pp=2" and len(manifest.losses) == 2
     second = replace(first, pp=1, tp=1, dp=2, steps=4, resume=True)
     resumed = launch_trainer(second, timeout=240)
     assert resumed.resumed_from == 1 and resumed.loaded_ok and resumed.ok, resumed.report()
     assert resumed.losses[-1] < resumed.losses[0] - 0.3  # it learns
     model, _, read = load_one_process(step_folder(tmp_path, 1), second)
     order = [n for n, _ in model.named_parameters()]
-    assert fingerprint(parameter_hashes(model.named_parameters()), order) == read["weights_sha256"]
+    assert fingerprint(parameter_hashes(model.named_parameters()), order) == read.weights_sha256
     with pytest.raises(FolderError, match="hidden=64 in the checkpoint, 32 here"):
         check(step_folder(tmp_path, 1), replace(second, hidden=32))
     with pytest.raises(FolderError, match="dtype=float64 in the checkpoint, float32 here"):

@@ -93,6 +93,8 @@ def test_each_restart_attempt_meets_under_its_own_prefix(monkeypatch):
         kwargs["store"].set("rank_0", f"address of attempt {attempt}")
     assert server.get("attempt_0/rank_0") == b"address of attempt 0"
     assert server.get("attempt_1/rank_0") == b"address of attempt 1"
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")  # two nodes: their counts may differ
+    assert attempt_store(1) == {}
 
 
 def test_a_run_that_would_resume_another_models_checkpoint_is_refused_before_launch(tmp_path):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import shutil
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -77,7 +78,17 @@ def latest(root: str | Path) -> Path | None:
     return folders[-1] if folders else None
 
 
-def check(folder: str | Path, config) -> dict:
+@dataclass(frozen=True)
+class Manifest:
+    """What a sealed checkpoint says of itself."""
+
+    step: int  # the checkpoint was taken after this step
+    layout: str  # the layout that saved it
+    losses: list[float]  # the loss of every step up to ``step``
+    weights_sha256: str  # the weights' fingerprint (``digest``)
+
+
+def check(folder: str | Path, config) -> Manifest:
     """The manifest of a complete checkpoint of this model; ``FolderError`` naming what is
     missing or what differs otherwise."""
     manifest = verify_folder(folder)
@@ -91,41 +102,40 @@ def check(folder: str | Path, config) -> dict:
         listed = ", ".join(f"{k}={a} in the checkpoint, {b} here" for k, (a, b) in wrong.items())
         raise FolderError(f"{folder} holds another model ({listed}); valid: the same model "
                           "sizes and seed, under any layout")
-    return manifest
+    return Manifest(manifest["step"], manifest.get("layout", ""), list(manifest.get("losses", [])),
+                    manifest.get("weights_sha256", ""))
 
 
-def load(folder: str | Path, module: torch.nn.Module, optimizer, config, group=None) -> dict:
-    """Collective over ``group``: check the folder, then load this rank's pieces into
-    ``module`` and ``optimizer`` (resharded to this layout); returns the manifest."""
+def _load_into(folder: str | Path, module: torch.nn.Module, optimizer, group) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    manifest = check(folder, config)
     model_state, optim_state = get_state_dict(module, optimizer, options=_OPTIONS())
     state = {"model": model_state, "optim": optim_state}
     dcp.load(state, checkpoint_id=str(folder), process_group=group)
     set_state_dict(module, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optim"], options=_OPTIONS())
+
+
+def load(folder: str | Path, module: torch.nn.Module, optimizer, config,
+         group=None) -> Manifest:
+    """Collective over ``group``: check the folder, then load this rank's pieces into
+    ``module`` and ``optimizer`` (resharded to this layout); returns the manifest."""
+    manifest = check(folder, config)
+    _load_into(folder, module, optimizer, group)
     return manifest
 
 
 def load_one_process(folder: str | Path, config) -> tuple[torch.nn.Module, torch.optim.Optimizer,
-                                                         dict]:
+                                                         Manifest]:
     """Without any process group: the whole model and its AdamW, loaded from a checkpoint
     that any layout wrote (``dcp.load`` reads every shard it needs); and the manifest."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
     from helpers.placement.tiny_lm import build_lm
 
     manifest = check(folder, config)
     model = build_lm(config.lm, seed=config.seed).train().to(config.torch_dtype)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
-    model_state, optim_state = get_state_dict(model, optimizer, options=_OPTIONS())
-    state = {"model": model_state, "optim": optim_state}
     with warnings.catch_warnings():  # one process, no process group: as intended here
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, checkpoint_id=str(folder))
-    set_state_dict(model, optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optim"], options=_OPTIONS())
+        _load_into(folder, model, optimizer, None)
     return model, optimizer, manifest

@@ -5,14 +5,9 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from helpers.composed.results import DIMS, LayoutRun, RankRecord
+from helpers.composed.results import DIMS, LayoutRun
 from helpers.core.plotting import plt, save_figure, stacked_bar_chart
 from helpers.core.sizes import format_bytes
-
-
-def _stages(run: LayoutRun) -> list[RankRecord]:
-    """One rank per pipeline stage (the dp = tp = 0 one): the others hold the same sizes."""
-    return [r for r in run.ranks if r.coords["dp"] == r.coords["tp"] == 0]
 
 
 def proof_table(runs: list[LayoutRun]) -> str:
@@ -33,10 +28,10 @@ def ledger_table(runs: list[LayoutRun]) -> str:
     head = "".join(f"{k.replace('optimizer_state', 'optimizer'):>24}" for k in kinds)
     lines = [f"{'layout':<20}{'stage':>6}{head}"]
     for run in runs:
-        for r in _stages(run):
+        for r in run.stage_ranks():
             cells = "".join(f"{getattr(r.measured, k):>11,} / {getattr(r.predicted, k):<10,}"
                             for k in kinds)
-            lines.append(f"{str(run.layout):<20}{r.coords['pp']:>6}{cells}")
+            lines.append(f"{str(run.layout):<20}{r.stage:>6}{cells}")
     return "\n".join(lines)
 
 
@@ -46,10 +41,10 @@ def sent_table(runs: list[LayoutRun]) -> str:
     lines = [f"{'layout':<20}{'stage':>6}" + "".join(f"{d + ' counted / predicted':>30}"
                                                      for d in DIMS)]
     for run in runs:
-        for r in _stages(run):
+        for r in run.stage_ranks():
             cells = "".join(f"{format_bytes(r.sent[d]):>14} / {format_bytes(r.predicted_sent[d]):<13}"
                             if d in r.predicted_sent else f"{'-':>30}" for d in DIMS)
-            lines.append(f"{str(run.layout):<20}{r.coords['pp']:>6}{cells}")
+            lines.append(f"{str(run.layout):<20}{r.stage:>6}{cells}")
     return "\n".join(lines)
 
 
@@ -59,11 +54,11 @@ def time_table(runs: list[LayoutRun]) -> str:
     lines = [f"{'layout':<20}{'stage':>6}{'step, ms':>16}" + "".join(f"{d + ', ms':>10}" for d in DIMS)
              + f"{'the rest, ms':>14}"]
     for run in runs:
-        for r in _stages(run):
+        for r in run.stage_ranks():
             mean = statistics.mean(r.step_s)
             std = statistics.stdev(r.step_s) if len(r.step_s) > 1 else 0.0
             rest = mean - sum(r.comm_s.values())
-            lines.append(f"{str(run.layout):<20}{r.coords['pp']:>6}{mean * 1e3:>9.1f} ± "
+            lines.append(f"{str(run.layout):<20}{r.stage:>6}{mean * 1e3:>9.1f} ± "
                          f"{std * 1e3:<4.1f}" + "".join(f"{r.comm_s.get(d, 0) * 1e3:>10.1f}"
                                                        for d in DIMS) + f"{rest * 1e3:>14.1f}")
     return "\n".join(lines)

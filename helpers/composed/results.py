@@ -46,6 +46,16 @@ class RankRecord:
     step_s: list[float]  # each timed step (the first step, the warm-up, is left out)
 
     @property
+    def stage(self) -> int:
+        """Its pipeline stage."""
+        return self.coords["pp"]
+
+    @property
+    def first_of_stage(self) -> bool:
+        """The stage's rank at dp = tp = 0 (its stage's ranks hold the same sizes)."""
+        return self.coords["dp"] == self.coords["tp"] == 0
+
+    @property
     def state_ok(self) -> bool:
         """Weights, gradients and optimizer state: measured = predicted, to the byte."""
         return all(getattr(self.measured, k) == getattr(self.predicted, k) for k in KINDS[:3])
@@ -119,6 +129,10 @@ class LayoutRun:
     @property
     def ok(self) -> bool:
         return self.losses_ok and self.weights_ok and self.loaded_ok is not False
+
+    def stage_ranks(self) -> list[RankRecord]:
+        """One rank per pipeline stage (the others of a stage hold the same sizes)."""
+        return [r for r in self.ranks if r.first_of_stage]
 
     def step_time(self, rank: int = 0) -> tuple[float, float]:
         """Mean and standard deviation of a rank's timed steps, seconds."""

@@ -150,10 +150,11 @@ def train_layout(config: TrainerConfig, ranks: list[int] | None = None, *,
     loaded_ok = None
     if folder is not None:
         manifest = checkpoint.load(folder, module, opt, config, group=group)
-        start, losses = manifest["step"] + 1, list(manifest["losses"])
-        loaded_ok = gathered_fingerprint(module, order, group) == manifest["weights_sha256"]
+        start, losses = manifest.step + 1, list(manifest.losses)
+        loaded_ok = gathered_fingerprint(module, order, group) == manifest.weights_sha256
     dims = {d: mesh[d].get_group() for d in DIMS if getattr(layout, d) > 1}
-    comms, meter, step_s, memory = MeshComms(dims, device.type == "cuda"), StageMeter(), [], None
+    comms, meter, step_s = MeshComms(dims, device.type == "cuda"), StageMeter(), []
+    memory, kept, before = held(module, opt), 0, 0  # as they stay if no step is left to run
     for step in range(start, config.steps):
         if step == config.kill_step and me == config.kill_rank and \
                 os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":

@@ -80,9 +80,12 @@ def attempt_store(world_size: int) -> dict:
     MASTER_PORT``) still holds the keys that the killed attempt's ranks wrote: gloo's
     peer addresses among them. Without a prefix per attempt, a new rank can read a dead
     peer's address before the new one overwrites it, and fail with "Connection refused".
-    Empty (the usual env:// rendezvous) when torchrun does not share its store.
+    Empty (the usual env:// rendezvous) when torchrun does not share its store, and on
+    several nodes: each node's agent counts only the restarts of its own ranks, so the
+    count is not a name that every node would agree on.
     """
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    shared = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    if not shared or os.environ.get("GROUP_WORLD_SIZE", "1") != "1":
         return {}
     from datetime import timedelta
 
