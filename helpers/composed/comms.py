@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from helpers.composed.measure import nbytes as _nbytes
 from helpers.data_parallel.collectives import ring_bytes
 
 # torch.distributed's one-tensor collectives: (the collective, which argument holds S)
@@ -44,15 +45,9 @@ _FUNCOL = {"all_gather_single": ("all_gather", 2), "reduce_scatter_single": ("re
 OTHER = "other"
 
 
-def _nbytes(t: torch.Tensor) -> int:
-    if hasattr(t, "_local_tensor"):
-        t = t._local_tensor
-    return t.numel() * t.element_size()
-
-
 @dataclass
 class MeshComms:
-    """Bytes sent, seconds spent and calls made inside the ``with``, per mesh dimension.
+    """Bytes sent and seconds spent inside the ``with``, per mesh dimension.
 
     ``groups`` maps a dimension's name to its process group (``mesh[name].get_group()``);
     a call on any other group is charged to ``"other"``.
@@ -62,7 +57,6 @@ class MeshComms:
     synchronize: bool = False  # on a GPU, wait for the device before and after each call
     sent: Counter = field(default_factory=Counter)
     seconds: Counter = field(default_factory=Counter)
-    calls: Counter = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
         # by the ranks a group spans: two groups over the same ranks (a mesh built twice)
@@ -79,7 +73,6 @@ class MeshComms:
         dim = self._names.get(frozenset(dist.get_process_group_ranks(group)), OTHER)
         self.sent[dim] += nbytes
         self.seconds[dim] += seconds
-        self.calls[dim] += 1
 
     def _dist_call(self, call, kind: str, which: int):
         signature = inspect.signature(call)

@@ -49,20 +49,30 @@ def _local_numel(shape: list[int], split: int | None, tp: int, dp: int) -> int:
     return math.prod(shape)
 
 
+def _pieces(config, stage: int) -> list[tuple[str, int, int]]:
+    """(name, elements this rank holds, elements of its tensor-parallel piece) of each
+    weight of ``stage``: split by the tensor-parallel plan, then by ``fully_shard`` over dp."""
+    layout = config.layout
+    module = StageModule(build_lm(config.lm, seed=config.seed), stage, layout.pp)
+    out = []
+    for name, p in module.named_parameters():
+        split = tp_dim(name) if layout.tp > 1 else None
+        out.append((name, _local_numel(p.shape, split, layout.tp, layout.dp),
+                    _local_numel(p.shape, split, layout.tp, 1)))
+    return out
+
+
 def predicted_memory(config, stage: int) -> DeviceMemory:
     """A rank of ``stage``'s ledger: its pieces of the weights, gradients and AdamW state,
     and the activations of 1F1B's micro-batches in flight on its stage (the peak)."""
     layout, m = config.layout, config.microbatches
     e = config.torch_dtype.itemsize
-    module = StageModule(build_lm(config.lm, seed=config.seed), stage, layout.pp)
-    weights = grads = tensors = 0
-    for name, p in module.named_parameters():
-        split = tp_dim(name) if layout.tp > 1 else None
-        numel = _local_numel(p.shape, split, layout.tp, layout.dp)
-        whole = name == "embed.weight" and layout.tp > 1 and layout.dp == 1  # see above
-        weights += numel * e
-        grads += (_local_numel(p.shape, None, 1, layout.dp) if whole else numel) * e
-        tensors += 1
+    pieces = _pieces(config, stage)
+    weights = e * sum(held for _, held, _ in pieces)
+    # the embedding's gradient comes back whole (see above) until fully_shard cuts it
+    whole = layout.tp > 1 and layout.dp == 1
+    grads = e * sum(held * (layout.tp if whole and name == "embed.weight" else 1)
+                    for name, held, _ in pieces)
     rows = config.batch // layout.dp // (m if layout.pp > 1 else 1)
     in_flight = [min(m, layout.pp - k) if layout.pp > 1 else 1 for k in range(layout.pp)]
     precision = {4: "fp32", 8: "fp64"}[e]
@@ -72,7 +82,7 @@ def predicted_memory(config, stage: int) -> DeviceMemory:
         sequence_parallel=layout.tp > 1)
     activations = list(ledger.rows.values())[stage].activations
     return DeviceMemory(weights=weights, grads=grads,
-                        optimizer_state=2 * weights + STEP_BYTES * tensors,
+                        optimizer_state=2 * weights + STEP_BYTES * len(pieces),
                         activations=activations)
 
 
@@ -104,18 +114,16 @@ def predicted_sent(config, stage: int) -> dict[str, float]:
     tokens = config.batch // d * config.seq
     stream = tokens * config.hidden * e
     sent: dict[str, float] = {}
-    module = StageModule(build_lm(config.lm, seed=config.seed), stage, p)
+    pieces = _pieces(config, stage)
     if t > 1:
         r = (t - 1) / t
         blocks = config.layers // p
-        whole = sum(q.numel() for n, q in module.named_parameters() if tp_dim(n) is None) * e
+        # summed over tp whole, before fully_shard cuts them
+        whole = e * sum(piece for name, _, piece in pieces if tp_dim(name) is None)
         sent["tp"] = (r * stream * (8 * blocks + 2 * first + 2 * last)
                       + 2 * r * (3 * tokens * e * last + whole * (1 if d > 1 else 3)))
     if d > 1:
-        gathered = 0
-        for name, param in module.named_parameters():
-            split = tp_dim(name) if t > 1 else None
-            gathered += _local_numel(param.shape, split, t, d) * d * e  # padded to d chunks
+        gathered = e * d * sum(held for _, held, _ in pieces)  # padded to d chunks
         sent["dp"] = (d - 1) / d * gathered * ((2 if p == 1 else 1) + 1)
     if p > 1:
         slice_ = tokens // m * config.hidden * e / t

@@ -21,9 +21,14 @@ def local(t: torch.Tensor) -> torch.Tensor:
         t = inner
 
 
+def nbytes(t: torch.Tensor) -> int:
+    """Bytes of this rank's piece of ``t``."""
+    piece = local(t)
+    return piece.numel() * piece.element_size()
+
+
 def _bytes(tensors) -> int:
-    return sum(local(t).numel() * local(t).element_size() for t in tensors
-               if isinstance(t, torch.Tensor))
+    return sum(nbytes(t) for t in tensors if isinstance(t, torch.Tensor))
 
 
 def held(module: nn.Module, optimizer: torch.optim.Optimizer) -> DeviceMemory:

@@ -11,8 +11,8 @@ vocabulary's softmax in slices), and each reordering costs an epsilon or two.
   gradient is near zero that quotient's slope is ``1 / eps_adam`` (1e8), so a rounding
   difference in a gradient (``EPSILONS`` epsilons of the largest gradient, G) can move
   the weight by ``lr * EPSILONS * eps * G / eps_adam`` per step. In float64 that bound is
-  tiny; in float32 it is as large as the updates themselves: float32 runs agree on their
-  losses, but under AdamW their weights can only be compared loosely.
+  tight; in float32 it exceeds all the run's updates together (``steps * lr``): float32
+  runs agree on their losses, but under AdamW their weights can only be compared loosely.
 """
 
 from __future__ import annotations
