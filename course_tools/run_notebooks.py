@@ -20,7 +20,7 @@ from tqdm import tqdm
 from helpers.core.devices import machine_info
 from helpers.core.files import atomic_write_text
 from helpers.core.paths import NOTEBOOKS_DIR, RESULTS_DIR, display_path
-from helpers.core.profiles import resolve_name
+from helpers.profiles import resolve_name
 from helpers.core.timing import PROGRESS_ENV
 
 

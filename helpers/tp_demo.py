@@ -28,10 +28,10 @@ from dataclasses import replace
 from helpers.core.devices import resolve_device
 from helpers.core.errors import TutorialError
 from helpers.core.files import atomic_write_json
-from helpers.distributed.ranks import RESULT_ENV
-from helpers.tensor_parallel.config import DemoConfig, parser
-from helpers.tensor_parallel.ffn_worker import run_tp_mode
-from helpers.tensor_parallel.native import run_native_mode
+from helpers.runs.tp_ffn.config import DemoConfig, parser
+from helpers.runs.tp_ffn.native import run_native_mode
+from helpers.runs.tp_ffn.worker import run_tp_mode
+from helpers.torchrun.ranks import RESULT_ENV
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,7 @@ def mesh_groups(pp: int, dp: int, tp: int) -> dict[str, list[list[int]]]:
 
 # %% Exercise 10.2: the layout that fits a given model and cluster
 # from helpers.memory import LLAMA_70B_SHAPE
-# from helpers.memory.layout_search import search_layouts
+# from helpers.composed.layout_search import search_layouts
 # best = search_layouts(LLAMA_70B_SHAPE, 64, recompute=(False,)).chosen
 # (best.tp, best.pp)
 layout_70b_64 = (2, 1)

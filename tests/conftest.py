@@ -6,7 +6,7 @@ import os
 import pytest
 import torch.distributed as dist
 
-from helpers.distributed.launcher import LOG_DIR_ENV, free_port
+from helpers.torchrun.launcher import LOG_DIR_ENV, free_port
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from helpers.distributed.ranks import init_rank, write_result
+from helpers.torchrun.ranks import init_rank, write_result
 
 rank = init_rank("launch_probe")
 if os.environ.get("PROBE_PID_DIR"):

@@ -13,11 +13,11 @@ import pytest
 
 from helpers.composed.checkpoint import check, load_one_process, step_folder
 from helpers.composed.digest import fingerprint, parameter_hashes
-from helpers.composed.launches import launch_trainer, survivors
 from helpers.composed.layout import Layout
-from helpers.composed.suite import SuiteConfig
-from helpers.composed.trainer import TrainerConfig
 from helpers.core.errors import FolderError
+from helpers.runs.llama_3d.launch import launch_trainer, survivors
+from helpers.runs.llama_3d.suite import SuiteConfig
+from helpers.runs.llama_3d.worker import TrainerConfig
 
 SMALL = {"vocab": 32, "hidden": 32, "ffn": 64, "seq": 8}  # a fast model, same layouts
 

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers.composed.data import MarkovTask
-from helpers.placement.tiny_lm import LMConfig, build_lm
+from helpers.models.llama import LMConfig, build_lm
 
 
 def test_batches_depend_on_the_step_only_and_follow_the_chain():

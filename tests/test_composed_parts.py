@@ -8,15 +8,15 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.composed import comms
-from helpers.composed.config import TrainerConfig
+from helpers.comm import mesh_meter as comms
 from helpers.composed.data import MarkovTask
 from helpers.composed.digest import fingerprint, parameter_hashes
 from helpers.composed.ledger import predicted_memory, predicted_sent, tp_dim
-from helpers.composed.measure import StageMeter, held
-from helpers.distributed.launcher import free_port
-from helpers.distributed.ranks import attempt_store
-from helpers.placement.tiny_lm import build_lm
+from helpers.models.llama import build_lm
+from helpers.runs.llama_3d.config import TrainerConfig
+from helpers.runs.llama_3d.measure import StageMeter, held
+from helpers.torchrun.launcher import free_port
+from helpers.torchrun.ranks import attempt_store
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -99,9 +99,9 @@ def test_each_restart_attempt_meets_under_its_own_prefix(monkeypatch):
 
 def test_a_run_that_would_resume_another_models_checkpoint_is_refused_before_launch(tmp_path):
     from helpers.composed.checkpoint import MODEL_FIELDS, step_folder
-    from helpers.composed.launches import launch_trainer
     from helpers.core.errors import FolderError
     from helpers.core.files import write_verified_folder
+    from helpers.runs.llama_3d.launch import launch_trainer
 
     theirs = TrainerConfig(hidden=32)
     write_verified_folder(step_folder(tmp_path, 0), lambda tmp: (tmp / ".metadata").write_bytes(b"x"),

@@ -1,7 +1,7 @@
 """Lesson 06: collectives, the hand-written ZeRO stages against DDP, ledgers and bytes.
 
 Ranks are threads of this process, each with its own gloo process group
-(``helpers.exercises.two_ranks.run_ranks``): the collectives really communicate.
+(``helpers.torchrun.in_notebook.run_ranks``): the collectives really communicate.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers.data_parallel.collectives import (
+from helpers.comm.collectives import (
     COLLECTIVES,
     CommCounter,
     expected_result,
@@ -21,13 +21,13 @@ from helpers.data_parallel.collectives import (
     ring_bytes,
     run_collective,
 )
-from helpers.data_parallel.config import DataParallelConfig
-from helpers.data_parallel.rank_step import build_model
-from helpers.data_parallel.results import ZERO_STAGE
-from helpers.data_parallel.runs import launch_data_parallel
 from helpers.data_parallel.zero import check_divisible, validate_stage
-from helpers.exercises.two_ranks import registered, run_ranks
-from helpers.placement.tiny_lm import lm_config
+from helpers.models.llama import lm_config
+from helpers.runs.data_parallel.config import DataParallelConfig
+from helpers.runs.data_parallel.launch import launch_data_parallel
+from helpers.runs.data_parallel.results import ZERO_STAGE
+from helpers.runs.data_parallel.step import build_model
+from helpers.torchrun.in_notebook import registered, run_ranks
 
 TINY = lm_config(vocab=64, hidden=16, blocks=2)  # a block (4,128 weights) outweighs the head
 

@@ -13,11 +13,11 @@ import torch
 from torch import nn
 
 from helpers.core.paths import REPO_ROOT
-from helpers.core.profiles import get_profile
+from helpers.profiles import get_profile
 from helpers.exercises import Feedback, load_solution, show_solution
 from helpers.exercises.feedback import NotSolved, Wrong, answer, checker, given
 from helpers.exercises.solutions import SOLUTIONS_DIR, load_solutions, sections
-from helpers.exercises.two_ranks import run_ranks
+from helpers.torchrun.in_notebook import run_ranks
 
 MODULES = ("collectives", "data_parallel", "layout_fits", "mesh_groups", "model_parallel",
            "pipeline", "placement", "tensor_parallel", "torchrun", "transformer_tp", "vocab_loss")
@@ -49,9 +49,9 @@ def resnet_flops() -> list[int]:
 
 
 def tiny_lm() -> nn.Module:
-    from helpers.placement.tiny_lm import build_lm, lm_config_for
+    from helpers.models.llama import build_lm
 
-    return build_lm(lm_config_for(get_profile("small")), seed=0)
+    return build_lm(get_profile("small").lm.model, seed=0)
 
 
 def extra_args(exercise: str) -> tuple:
@@ -463,7 +463,7 @@ def test_split_mistakes_get_their_hints(wrong, words):
 
 def test_the_split_is_model_cuts_on_every_rank_and_a_partial_answer_is_unsolved():
     from helpers.exercises.transformer_tp import SPLIT_CONFIG, split_answer
-    from helpers.placement.tiny_lm import build_lm
+    from helpers.models.llama import build_lm
     from helpers.tensor_parallel.llama import model_cuts
 
     model, want = build_lm(SPLIT_CONFIG), split_answer()

@@ -141,9 +141,9 @@ def gpu_check_imports() -> list[str]:
 @pytest.mark.slow  # a subprocess that starts Python with torch (or a notebook)
 def test_importing_the_runner_imports_no_notebook_machinery():
     modules = gpu_check_imports()
-    assert "helpers.tensor_parallel.runs" in modules and "course_tools.gpu_check.runner" in modules
-    assert "helpers.data_parallel.results" in modules
-    assert "helpers.tensor_parallel.llama_results" in modules
+    assert "helpers.runs.tp_ffn.launch" in modules and "course_tools.gpu_check.runner" in modules
+    assert "helpers.runs.data_parallel.results" in modules
+    assert "helpers.runs.tp_llama.results" in modules
     code = (
         f"import importlib, sys; [importlib.import_module(m) for m in {modules!r}]; "
         "bad = {'IPython', 'nbformat', 'nbclient', 'torchsummary'} & set(sys.modules); "
@@ -206,7 +206,7 @@ def test_the_data_parallel_ranks_record_a_missing_fsdp_tracker_and_go_on(monkeyp
     """The GPU machine's torch may lack FSDPMemTracker (private API): the ranks leave its
     peaks out, say why in the result, and try it only once."""
     from course_tools.gpu_check import steps_data_parallel
-    from helpers.data_parallel import worker
+    from helpers.runs.data_parallel import worker
 
     calls, written = [], []
 
@@ -250,8 +250,8 @@ def test_the_data_parallel_step_at_world_size_one(monkeypatch, tmp_path):
 
 def test_the_transformer_tp_step_takes_the_largest_tp_the_gpus_and_sizes_allow():
     from course_tools.gpu_check.steps_transformer_tp import largest_tp
-    from helpers.core.profiles import get_profile
-    from helpers.tensor_parallel.llama_config import LlamaTPConfig
+    from helpers.profiles import get_profile
+    from helpers.runs.tp_llama.config import LlamaTPConfig
 
     full = LlamaTPConfig.for_profile(get_profile("full"), both=True)
     assert [largest_tp(full, gpus) for gpus in (8, 4, 3, 2, 1)] == [4, 4, 2, 2, 1]
@@ -265,15 +265,15 @@ def test_the_transformer_tp_step_reruns_without_native_and_says_why(monkeypatch)
     API is not launched with it at all."""
     from course_tools.gpu_check import steps_transformer_tp as step
     from helpers.core.errors import LaunchError
-    from helpers.tensor_parallel import llama_runs
-    from helpers.tensor_parallel.llama_config import LlamaTPConfig
+    from helpers.runs.tp_llama import launch as llama_runs
+    from helpers.runs.tp_llama.config import LlamaTPConfig
 
     launched = []
 
     def fake_launch(config, *, nproc, timeout):
         launched.append((config.native, nproc))
         if config.native:
-            raise LaunchError("helpers.tensor_parallel.block_worker failed (exit code 1) on rank 0"
+            raise LaunchError("helpers.runs.tp_llama.worker failed (exit code 1) on rank 0"
                               "\n[rank0]: Traceback\n[rank0]: RuntimeError: loss_parallel broke")
         return "result"
 

@@ -12,9 +12,9 @@ import pytest
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 from helpers.core.errors import LaunchError
-from helpers.distributed import launcher
-from helpers.distributed.launcher import free_port, launch, validate_port
-from helpers.distributed.ranks import RESULT_ENV
+from helpers.torchrun import launcher
+from helpers.torchrun.launcher import free_port, launch, validate_port
+from helpers.torchrun.ranks import RESULT_ENV
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -57,8 +57,8 @@ def test_cross_rank_maximum_reports_the_rank_that_disagrees():
     exercises): every rank gets the largest value, that of the rank that disagrees."""
     import torch
 
-    from helpers.distributed.ranks import Rank, max_over_ranks
-    from helpers.exercises.two_ranks import run_ranks
+    from helpers.torchrun.in_notebook import run_ranks
+    from helpers.torchrun.ranks import Rank, max_over_ranks
 
     def work(r: int, group: object) -> float:
         rank = Rank(rank=r, world_size=3, local_rank=r, device=torch.device("cpu"),
@@ -133,7 +133,7 @@ def test_a_port_taken_after_it_was_picked_is_picked_again(probe, monkeypatch, tm
 
 @pytest.mark.slow  # a subprocess importing torch: the whole path, exit code included
 def test_a_worker_started_without_torchrun_says_how_to_launch_it():
-    module = "helpers.tensor_parallel.ffn_worker"
+    module = "helpers.runs.tp_ffn.worker"
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
     run = subprocess.run(
         [sys.executable, "-m", module, "--device", "cpu"],
@@ -145,19 +145,19 @@ def test_a_worker_started_without_torchrun_says_how_to_launch_it():
     assert f"launch it with `torchrun --nproc-per-node=2 -m {module}" in lines[0]
 
 
-@pytest.mark.parametrize("module", ["helpers.tensor_parallel.mesh_worker",
-                                    "helpers.pipeline.schedules_worker"])
+@pytest.mark.parametrize("module", ["helpers.runs.tp_ffn.mesh_worker",
+                                    "helpers.runs.schedules.worker"])
 def test_every_worker_started_without_torchrun_says_how_to_launch_it(module, monkeypatch, capsys):
     """The other workers' main, in this process: the same one line, exit code 1."""
     import importlib
 
-    from helpers.distributed.ranks import worker_main
+    from helpers.torchrun.ranks import worker_main
 
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)
     worker = importlib.import_module(module)
-    argv = {"helpers.tensor_parallel.mesh_worker": ["--device", "cpu"],
-            "helpers.pipeline.schedules_worker": ["--schedules", "gpipe", "--microbatches", "4",
+    argv = {"helpers.runs.tp_ffn.mesh_worker": ["--device", "cpu"],
+            "helpers.runs.schedules.worker": ["--schedules", "gpipe", "--microbatches", "4",
                                                   "--batch", "32"]}[module]
     # mesh_worker's main returns the exit code; schedules_worker's raises, as its caller expects
     if module.endswith("mesh_worker"):
@@ -194,7 +194,7 @@ def test_a_launch_ends_when_its_launching_process_is_killed_hard(tmp_path):
     pids = tmp_path / "pids"
     pids.mkdir()
     script = (
-        "from helpers.distributed.launcher import launch\n"
+        "from helpers.torchrun.launcher import launch\n"
         f"launch('launch_probe', ['hang'], nproc=2, timeout=600, log_dir={str(tmp_path / 'logs')!r},"
         f" env={{'PYTHONPATH': {str(HERE)!r}, 'PROBE_PID_DIR': {str(pids)!r}}})\n"
     )
@@ -219,7 +219,7 @@ def test_a_launch_ends_when_its_launching_process_is_killed_hard(tmp_path):
 
 
 def test_die_with_parent_says_when_it_cannot(monkeypatch):
-    from helpers.distributed import lifeline
+    from helpers.torchrun import lifeline
 
     monkeypatch.setattr(lifeline.sys, "platform", "darwin")
     assert lifeline.die_with_parent() is False

@@ -7,9 +7,7 @@ import itertools
 
 import pytest
 
-from helpers.memory import LLAMA_7B_SHAPE, LLAMA_70B_SHAPE
-from helpers.memory.fits import Layout, per_gpu
-from helpers.memory.layout_search import (
+from helpers.composed.layout_search import (
     CARD,
     Candidate,
     describe,
@@ -19,8 +17,10 @@ from helpers.memory.layout_search import (
     search_layouts,
     valid_tp,
 )
+from helpers.composed.published_layouts import PUBLISHED, PublishedLayout, format_published
+from helpers.memory import LLAMA_7B_SHAPE, LLAMA_70B_SHAPE
+from helpers.memory.fits import Layout, per_gpu
 from helpers.memory.ledger import DeviceMemory
-from helpers.memory.published_layouts import PUBLISHED, PublishedLayout, format_published
 
 SHAPES = {"Llama-7B": LLAMA_7B_SHAPE, "Llama-70B": LLAMA_70B_SHAPE}
 GRID = [(m, n) for m in SHAPES for n in (8, 64, 512)]

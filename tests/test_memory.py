@@ -23,8 +23,8 @@ from helpers.memory.fits import Layout, fits_table, split_blocks
 from helpers.memory.ledger import KINDS, compare_ledgers
 from helpers.model_parallel.resnet import one_hot_labels, resnet50, resnet_layers, split_points_at
 from helpers.model_parallel.stages import StagedModel
-from helpers.model_parallel.toy import ToyModel
-from helpers.placement.tiny_lm import LMConfig, build_lm
+from helpers.models.llama import LMConfig, build_lm
+from helpers.models.toy import ToyModel
 from helpers.tensor_parallel.ffn import FeedForward, cut_shard
 
 ACTIVATION_TOLERANCE = 0.10  # the estimate's stated tolerance for activations (relative)

@@ -9,7 +9,7 @@ import pytest
 from test_launch import alive
 
 from helpers.core.errors import LaunchError
-from helpers.distributed.multinode import launch_nodes, node_command
+from helpers.torchrun.multinode import launch_nodes, node_command
 
 HERE = Path(__file__).resolve().parent
 

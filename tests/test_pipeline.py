@@ -15,7 +15,7 @@ from helpers.pipeline.schedule import (
     validate_microbatches,
 )
 from helpers.pipeline.stage_cuts import balanced_cut_names, balanced_split_points, layer_flops
-from helpers.pipeline.stage_runs import PipelineConfig, launch_pipeline, validate_stage_count
+from helpers.runs.pipeline.config import PipelineConfig, launch_pipeline, validate_stage_count
 
 CPU = torch.device("cpu")
 
@@ -143,7 +143,7 @@ def test_more_processes_than_stages_is_a_clear_error():
 
 def test_a_launch_with_the_wrong_process_count_is_refused_before_it_starts(monkeypatch):
     """launch_pipeline checks nproc against the cut before torchrun runs at all."""
-    import helpers.pipeline.stage_runs as stage_runs
+    import helpers.runs.pipeline.config as stage_runs
 
     monkeypatch.setattr(stage_runs, "launch", lambda *a, **k: pytest.fail("launched"))
     config = PipelineConfig(8, 32, (("gpipe", 4),), ("layer3_1",))
@@ -173,7 +173,7 @@ def test_the_pipeline_config_round_trips_and_refuses_bad_runs(capsys):
 
 def test_speedup_is_taken_against_the_same_processes_at_one_microbatch():
     from helpers.core.timing import Timing
-    from helpers.pipeline.speedup import speedups
+    from helpers.runs.pipeline.speedup import speedups
 
     timed = {("gpipe", 1): Timing("m1", [2.0, 2.0]), ("gpipe", 4): Timing("m4", [1.6, 1.6]),
              ("gpipe", 2): Timing("m2", [1.0, 1.0]), ("1f1b", 4): Timing("x", [1.0])}
@@ -189,7 +189,7 @@ def test_speedup_is_taken_against_the_same_processes_at_one_microbatch():
 
 def test_speedup_over_one_process_names_its_baseline():
     from helpers.core.timing import Timing
-    from helpers.pipeline.speedup import speedup_over_one_process
+    from helpers.runs.pipeline.speedup import speedup_over_one_process
 
     gain = speedup_over_one_process(Timing("p", [2.0, 2.0]), Timing("s", [3.0, 3.0]), 2, 4)
     assert gain.value == pytest.approx(1.5) and gain.ideal == pytest.approx(1.6)
@@ -210,7 +210,7 @@ class _Times(nn.Module):
 def test_a_local_proof_compares_its_stage_with_the_matching_slice_of_the_reference(one_rank_group):
     """prove_step_locally: the stage's parameters start at first_param in the whole model's;
     the right offset proves it equal, the wrong one is refused, a changed weight is caught."""
-    from helpers.pipeline.mlp_stack import build_stack
+    from helpers.models.mlp_stack import build_stack
     from helpers.pipeline.runtime import build_pipeline, prove_step_locally
     from helpers.pipeline.schedule import PROOF_TOLERANCE
 

@@ -10,6 +10,7 @@ from helpers.core.errors import DoesNotFitError, FolderError
 from helpers.core.files import MANIFEST
 from helpers.core.sizes import parameter_count
 from helpers.model_parallel.resnet import resnet50
+from helpers.models.llama import LLAMA_7B, LMConfig, TinyLM, build_lm
 from helpers.placement.offload import (
     accelerate_balanced_memory,
     accelerate_device_map,
@@ -27,10 +28,9 @@ from helpers.placement.planner import (
     plan_device_map,
     tensor_devices,
 )
-from helpers.placement.report import plot_plans, usage_table
 from helpers.placement.sizing import module_sizes, parse_budgets, parse_size
 from helpers.placement.strategies import STRATEGIES, balanced_budgets
-from helpers.placement.tiny_lm import LLAMA_7B, LMConfig, TinyLM, build_lm
+from helpers.runs.placement.report import plot_plans, usage_table
 
 CONFIG = LMConfig(vocab=512, hidden=64, blocks=4, ffn=256, heads=2)
 PLAIN = {"strategy": "sequential", "reserve_largest_layer": False}  # the fill alone, in order
@@ -434,7 +434,7 @@ def test_7b_on_the_meta_device_agrees_with_accelerate(dtype):
 def test_balanced_budgets_follow_accelerate_with_the_given_no_split_and_dtype():
     from accelerate.utils import get_balanced_memory
 
-    from helpers.placement.tiny_lm import LMConfig, build_lm
+    from helpers.models.llama import LMConfig, build_lm
 
     lm = build_lm(LMConfig(vocab=512, hidden=64, blocks=4, ffn=256, heads=2), seed=0)
     total = module_sizes(lm)[""]

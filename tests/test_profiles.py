@@ -2,7 +2,7 @@ from dataclasses import asdict
 
 import pytest
 
-from helpers.core import profiles
+from helpers import profiles
 
 
 def test_named_profiles_and_env_var(monkeypatch):

@@ -9,7 +9,9 @@ from torch import nn
 from helpers.core.checks import Proof, max_abs_diff, training_step
 from helpers.core.timing import Timing
 from helpers.memory.ledger import Ledger
-from helpers.tensor_parallel.comm import ring_allreduce_bytes
+from helpers.runs.tp_ffn.launch import Sweep
+from helpers.runs.tp_ffn.results import NativeRun, SweepRun, TPRun
+from helpers.tensor_parallel.mappings import ring_allreduce_bytes
 from helpers.tensor_parallel.proofs import (
     checksum_tolerance,
     checksums_match,
@@ -17,8 +19,6 @@ from helpers.tensor_parallel.proofs import (
     output_tolerance,
     outputs_agree,
 )
-from helpers.tensor_parallel.results import NativeRun, SweepRun, TPRun
-from helpers.tensor_parallel.runs import Sweep
 
 
 @pytest.mark.parametrize(
@@ -114,7 +114,7 @@ def test_a_training_step_runs_in_training_mode():
 
 
 def test_allreduce_time_adds_a_fixed_cost_per_ring_step_to_the_bytes():
-    from helpers.tensor_parallel.comm import allreduce_seconds, forward_seconds, tp_cost
+    from helpers.tensor_parallel.mappings import allreduce_seconds, forward_seconds, tp_cost
 
     # p = 4: 2(p-1) = 6 steps of 0.5 s, plus 2(p-1)/p = 1.5 x 1000 bytes at 100 bytes/s
     assert allreduce_seconds(1000.0, 4, bandwidth=100.0, latency=0.5) == 6 * 0.5 + 15.0

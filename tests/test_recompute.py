@@ -7,7 +7,7 @@ from torch.utils.checkpoint import checkpoint
 
 from helpers.memory import SavedTensorMeter, estimate_training_memory
 from helpers.memory.recompute import CheckpointedBlock, checkpointed, measure_recompute
-from helpers.placement.tiny_lm import Block, LMConfig, build_lm
+from helpers.models.llama import Block, LMConfig, build_lm
 
 CONFIG = LMConfig(vocab=50, hidden=32, blocks=3, ffn=96, heads=2)
 

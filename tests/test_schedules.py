@@ -7,6 +7,13 @@ import torch.distributed.pipelining.schedules as schedules_module
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
+from helpers.models.mlp_stack import (
+    SchedulesConfig,
+    build_stack,
+    chunk_of,
+    rank_chunks,
+    validate_plan,
+)
 from helpers.pipeline.events import (
     Action,
     bubble_theory,
@@ -14,15 +21,8 @@ from helpers.pipeline.events import (
     record_actions,
     validate_instrumentable,
 )
-from helpers.pipeline.mlp_stack import (
-    SchedulesConfig,
-    build_stack,
-    chunk_of,
-    rank_chunks,
-    validate_plan,
-)
-from helpers.pipeline.schedules_run import launch_schedules
-from helpers.pipeline.timeline import ideal_timeline
+from helpers.runs.schedules.report import ideal_timeline
+from helpers.runs.schedules.results import launch_schedules
 
 
 def test_the_pipelining_internals_we_wrap_still_exist():
@@ -113,7 +113,7 @@ def test_chunks_are_placed_round_robin_and_cover_the_model():
 def test_bad_choices_are_refused_before_any_launch(args, words, monkeypatch):
     with pytest.raises(ValueError, match=words):
         validate_plan(*args)
-    monkeypatch.setattr("helpers.pipeline.schedules_run.launch",
+    monkeypatch.setattr("helpers.runs.schedules.results.launch",
                         lambda *a, **k: pytest.fail("launched despite a bad choice"))
     name, ranks, m, blocks, batch = args
     with pytest.raises(ValueError, match=words):

@@ -8,7 +8,7 @@ import torch.distributed._tools.mem_tracker as mem_tracker
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.core.profiles import get_profile
+from helpers.profiles import get_profile
 from helpers.memory import OPTIMIZERS, measure_training_memory
 from helpers.memory.ledger import KINDS, DeviceMemory
 from helpers.memory.torch_trackers import (
@@ -22,7 +22,7 @@ from helpers.memory.torch_trackers import (
     track_step,
     tracker_table,
 )
-from helpers.model_parallel.toy import ToyModel
+from helpers.models.toy import ToyModel
 
 SEED_BYTES = 4  # loss.backward() seeds backward with ones_like(loss): one float32
 

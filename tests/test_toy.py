@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from helpers.core.checks import compare_training_step
-from helpers.model_parallel.toy import ToyModel, copy_to_one_device, parameter_table
+from helpers.models.toy import ToyModel, copy_to_one_device, parameter_table
 
 
 def test_split_toy_model_matches_single_device():

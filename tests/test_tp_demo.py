@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from helpers.core.errors import LaunchError
-from helpers.distributed.launcher import launch
-from helpers.tensor_parallel.config import DemoConfig, parser
-from helpers.tensor_parallel.results import NativeRun
+from helpers.runs.tp_ffn.config import DemoConfig, parser
+from helpers.runs.tp_ffn.results import NativeRun
+from helpers.torchrun.launcher import launch
 from helpers.tp_demo import main
 
 HERE = Path(__file__).resolve().parent
@@ -96,7 +96,7 @@ def test_tp_mode_without_torchrun_says_how_to_launch(tmp_path, capsys, monkeypat
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert main([*SMALL, "--mode", "tp", "--shard_dir", str(tmp_path)]) == 1
     assert (
-        "torchrun --nproc-per-node=2 -m helpers.tensor_parallel.ffn_worker"
+        "torchrun --nproc-per-node=2 -m helpers.runs.tp_ffn.worker"
         in capsys.readouterr().err
     )
 

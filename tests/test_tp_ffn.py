@@ -5,9 +5,8 @@ import torch
 from torch import nn
 
 from helpers.core.devices import resolve_device, resolve_dtype
-from helpers.tensor_parallel import comm
+from helpers.tensor_parallel import mappings as comm
 from helpers.tensor_parallel.block import ParallelBlock, chunks, load_chunks, shard_vs_full
-from helpers.tensor_parallel.comm import tp_cost
 from helpers.tensor_parallel.ffn import (
     FeedForward,
     FeedForwardShard,
@@ -18,6 +17,7 @@ from helpers.tensor_parallel.ffn import (
     tp_simulate,
     validate_split,
 )
+from helpers.tensor_parallel.mappings import tp_cost
 from helpers.tensor_parallel.proofs import (
     checksum,
     checksum_tolerance,

@@ -14,21 +14,18 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers.data_parallel.collectives import CommCounter
-from helpers.exercises.two_ranks import registered, run_ranks
+from helpers.comm.collectives import CommCounter
 from helpers.memory.saved import SavedTensorMeter
-from helpers.tensor_parallel import llama
-from helpers.tensor_parallel.llama import TPLlama, model_cuts, simulate_tp_logits
-from helpers.tensor_parallel.llama_config import WORKER, LlamaTPConfig
-from helpers.tensor_parallel.llama_results import (
+from helpers.runs.tp_llama.config import WORKER, LlamaTPConfig
+from helpers.runs.tp_llama.launch import launch_llama_tp
+from helpers.runs.tp_llama.results import (
     RELATIVE_TOLERANCE,
     parts_of,
     predicted_held,
     predicted_kept,
     predicted_sent,
 )
-from helpers.tensor_parallel.llama_runs import launch_llama_tp
-from helpers.tensor_parallel.llama_step import (
+from helpers.runs.tp_llama.step import (
     build_llama,
     magnitudes,
     make_batch,
@@ -36,7 +33,10 @@ from helpers.tensor_parallel.llama_step import (
     reference_step,
     step_diffs,
 )
-from helpers.tensor_parallel.llama_timing import CommClock
+from helpers.runs.tp_llama.timing import CommClock
+from helpers.tensor_parallel import llama
+from helpers.tensor_parallel.llama import TPLlama, model_cuts, simulate_tp_logits
+from helpers.torchrun.in_notebook import registered, run_ranks
 
 CONFIG = LlamaTPConfig(vocab=250, hidden=64, heads=8, kv_heads=4, ffn=192, layers=2, seq=16,
                        batch=2)  # 250 does not divide by 4: the 4-rank split pads it
@@ -187,7 +187,7 @@ def test_bad_choices_are_refused_before_any_launch(change, nproc, named, monkeyp
     def no_launch(*args, **kwargs):
         raise AssertionError("launched")
 
-    monkeypatch.setattr("helpers.tensor_parallel.llama_runs.launch", no_launch)
+    monkeypatch.setattr("helpers.runs.tp_llama.launch.launch", no_launch)
     with pytest.raises(ValueError) as error:
         launch_llama_tp(replace(CONFIG, **change), nproc=nproc)
     assert all(part in str(error.value) for part in named), str(error.value)

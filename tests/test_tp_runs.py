@@ -5,11 +5,11 @@ from dataclasses import replace
 
 import pytest
 
-from helpers.core.profiles import get_profile
-from helpers.tensor_parallel import ffn_worker
-from helpers.tensor_parallel.config import DemoConfig, RunOptions
-from helpers.tensor_parallel.mesh_worker import MeshOptions
-from helpers.tensor_parallel.runs import launch_mesh, launch_sweep, write_all_shards
+from helpers.profiles import get_profile
+from helpers.runs.tp_ffn import worker as ffn_worker
+from helpers.runs.tp_ffn.config import DemoConfig, RunOptions
+from helpers.runs.tp_ffn.launch import launch_mesh, launch_sweep, write_all_shards
+from helpers.runs.tp_ffn.mesh_worker import MeshOptions
 
 SMOKE = get_profile("smoke")
 # the smoke profile's FFN (hidden 32, ffn 64, seq 8, batch 2; 3 iterations, 1 untimed)
@@ -80,7 +80,7 @@ def test_mesh_options_round_trip_through_the_workers_command_line():
 def test_run_options_round_trip_and_refuse_an_unknown_activation():
     import argparse
 
-    from helpers.tensor_parallel.config import parser
+    from helpers.runs.tp_ffn.config import parser
 
     ap = RunOptions.add_arguments(argparse.ArgumentParser(parents=[parser()], add_help=False))
     options = RunOptions(train_step=True, activation="gelu", lr=0.5, dtensor=True, wide=SMOKE.ffn)

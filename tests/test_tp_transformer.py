@@ -8,9 +8,8 @@ few units in the last place of values of order 1.
 import pytest
 import torch
 
-from helpers.exercises.two_ranks import run_ranks
-from helpers.placement.attention import GQAAttention, rope
-from helpers.placement.tiny_lm import Block
+from helpers.models.attention import GQAAttention, rope
+from helpers.models.llama import Block
 from helpers.tensor_parallel import transformer_block
 from helpers.tensor_parallel.attention_shards import head_ranges
 from helpers.tensor_parallel.transformer_block import (
@@ -20,6 +19,7 @@ from helpers.tensor_parallel.transformer_block import (
     simulate_tp_block,
     split_weights,
 )
+from helpers.torchrun.in_notebook import run_ranks
 
 TOL = 1e-5
 HIDDEN, FFN, HEADS, KV_HEADS = 64, 128, 8, 4

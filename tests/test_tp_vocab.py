@@ -1,15 +1,14 @@
 """The vocabulary split over ranks: ranges, the embedding, the loss, the simulation, the
 naive split. Rank checks run on thread ranks of a real gloo group
-(``helpers.exercises.two_ranks.run_ranks``): the all-reduces really communicate."""
+(``helpers.torchrun.in_notebook.run_ranks``): the all-reduces really communicate."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from helpers.comm.collectives import CommCounter, ring_bytes
 from helpers.core.checks import max_abs_diff
-from helpers.data_parallel.collectives import CommCounter, ring_bytes
-from helpers.exercises.two_ranks import run_ranks
 from helpers.tensor_parallel.vocab import (
     VocabParallelEmbedding,
     naive_split_loss,
@@ -19,6 +18,7 @@ from helpers.tensor_parallel.vocab import (
     vocab_parallel_cross_entropy,
     vocab_range,
 )
+from helpers.torchrun.in_notebook import run_ranks
 
 RTOL = 1e-6  # the loss, relative: float32 sums in another order (a few ulps)
 ATOL = 1e-6  # outputs and gradients, absolute: values of order 1 in float32

@@ -13,10 +13,10 @@ from dataclasses import replace
 
 import torch
 
-from helpers.core.profiles import PROFILES
-from helpers.data_parallel.config import DataParallelConfig
-from helpers.data_parallel.results import ALL_REDUCES_PER_STEP, DataParallelResult
-from helpers.data_parallel.runs import launch_data_parallel
+from helpers.profiles import PROFILES
+from helpers.runs.data_parallel.config import DataParallelConfig
+from helpers.runs.data_parallel.launch import launch_data_parallel
+from helpers.runs.data_parallel.results import ALL_REDUCES_PER_STEP, DataParallelResult
 
 FULL = PROFILES["full"]
 CPU_MODEL = {"hidden": 512, "blocks": 4, "seq": 128}  # the middle size, on the CPU

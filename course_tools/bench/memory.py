@@ -19,8 +19,8 @@ def _cases() -> dict[str, Callable[[], tuple]]:
         resnet50,
         resnet_layers,
     )
-    from helpers.model_parallel.toy import ToyModel
-    from helpers.placement.tiny_lm import LMConfig, build_lm
+    from helpers.models.llama import LMConfig, build_lm
+    from helpers.models.toy import ToyModel
     from helpers.tensor_parallel.ffn import FeedForward, cut_shard
 
     g = torch.Generator().manual_seed(0)

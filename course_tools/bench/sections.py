@@ -12,15 +12,15 @@ from dataclasses import asdict
 
 from helpers.core.devices import plan_devices
 from helpers.core.paths import display_path, results_path
-from helpers.core.profiles import PROFILES
-from helpers.pipeline.mlp_stack import SchedulesConfig
-from helpers.pipeline.plots import split_size_chart
+from helpers.profiles import PROFILES
+from helpers.models.mlp_stack import SchedulesConfig
 from helpers.pipeline.schedule import ideal_speedup
-from helpers.pipeline.schedules_run import launch_schedules
 from helpers.pipeline.stage_cuts import balanced_cut_names
-from helpers.pipeline.stage_runs import PipelineConfig, launch_pipeline
-from helpers.pipeline.timings import cost_per_image, in_process_timings
-from helpers.tensor_parallel.runs import WORLD_SIZES, sweep_config, tp_sweep
+from helpers.runs.pipeline.config import PipelineConfig, launch_pipeline
+from helpers.runs.pipeline.report import split_size_chart
+from helpers.runs.pipeline.timings import cost_per_image, in_process_timings
+from helpers.runs.schedules.results import launch_schedules
+from helpers.runs.tp_ffn.launch import WORLD_SIZES, sweep_config, tp_sweep
 
 FULL = PROFILES["full"]  # make bench runs the full profile's sizes
 

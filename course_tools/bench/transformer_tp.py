@@ -19,10 +19,10 @@ import torch
 
 from helpers.core.paths import display_path, results_path
 from helpers.core.plotting import save_figure
-from helpers.core.profiles import PROFILES
-from helpers.tensor_parallel.llama_config import LlamaTPConfig
-from helpers.tensor_parallel.llama_results import LlamaTPResult, ModeRun, StepTimes
-from helpers.tensor_parallel.llama_runs import launch_llama_tp
+from helpers.profiles import PROFILES
+from helpers.runs.tp_llama.config import LlamaTPConfig
+from helpers.runs.tp_llama.launch import launch_llama_tp
+from helpers.runs.tp_llama.results import LlamaTPResult, ModeRun, StepTimes
 
 FULL = PROFILES["full"]
 TP_SIZES = (2, 4)

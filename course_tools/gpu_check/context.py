@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from helpers.core.devices import DevicePlan
-    from helpers.core.profiles import Profile
+    from helpers.profiles import Profile
 
 
 class StepSkipped(Exception):
@@ -37,7 +37,7 @@ class Step:
 class Sizes:
     """What only the GPU check decides: copy sizes and how often each step repeats.
 
-    Every model size comes from ``helpers.core.profiles`` (``full`` on a GPU, ``smoke``
+    Every model size comes from ``helpers.profiles`` (``full`` on a GPU, ``smoke``
     for ``--smoke``), the one table the lessons, the bench and the tests read too.
     """
 
@@ -71,14 +71,14 @@ class Context:
     @property
     def profile(self) -> Profile:
         """The lessons' sizes this run uses: ``full`` on a GPU, ``smoke`` for ``--smoke``."""
-        from helpers.core.profiles import get_profile
+        from helpers.profiles import get_profile
 
         return get_profile("smoke" if self.smoke else "full")
 
     @property
     def cpu_profile(self) -> Profile:
         """The sizes of the CPU runs (one process per stage): the lessons' CPU profile."""
-        from helpers.core.profiles import get_profile
+        from helpers.profiles import get_profile
 
         return get_profile("smoke" if self.smoke else "small")
 

@@ -49,8 +49,8 @@ def run_figures(run) -> dict:
 
 def step_composed(ctx: Context, fig: dict) -> None:
     """Lesson 10 on up to 8 GPUs: every layout's proof, ledgers, bytes and times."""
-    from helpers.composed.launches import launch_suite, launch_trainer
-    from helpers.composed.suite import LAYOUTS, SuiteConfig
+    from helpers.runs.llama_3d.launch import launch_suite, launch_trainer
+    from helpers.runs.llama_3d.suite import LAYOUTS, SuiteConfig
 
     missing = native_api_missing(API)
     if missing:

@@ -23,8 +23,8 @@ import torch
 from course_tools.gpu_check.context import Context
 
 if TYPE_CHECKING:
-    from helpers.data_parallel.config import DataParallelConfig
-    from helpers.data_parallel.results import DataParallelResult
+    from helpers.runs.data_parallel.config import DataParallelConfig
+    from helpers.runs.data_parallel.results import DataParallelResult
 
 GUARDED_WORKER = "course_tools.gpu_check.steps_data_parallel"
 MAX_RANKS = 2
@@ -57,7 +57,7 @@ def guarded_tracker(track: Callable, skipped: list[str]) -> Callable:
 
 def guarded_worker_main() -> None:
     """The lesson's worker, with the tracker guarded and its outcome in the result."""
-    from helpers.data_parallel import worker
+    from helpers.runs.data_parallel import worker
 
     skipped: list[str] = []
     worker.track_fsdp_step = guarded_tracker(worker.track_fsdp_step, skipped)
@@ -82,7 +82,7 @@ def dp_world_size(ctx: Context) -> int:
 
 def dp_config(ctx: Context) -> DataParallelConfig:
     """The lesson's launch at this run's profile, on this run's device type."""
-    from helpers.data_parallel.config import DataParallelConfig
+    from helpers.runs.data_parallel.config import DataParallelConfig
 
     return DataParallelConfig.for_profile(ctx.profile, device=ctx.device_type)
 
@@ -90,8 +90,8 @@ def dp_config(ctx: Context) -> DataParallelConfig:
 def launch_guarded(config: DataParallelConfig, nproc: int,
                    timeout: float = 300.0) -> tuple[DataParallelResult, str]:
     """The lesson's launch through :func:`guarded_worker_main`: (result, tracker outcome)."""
-    from helpers.data_parallel.results import DataParallelResult
-    from helpers.distributed.launcher import launch
+    from helpers.runs.data_parallel.results import DataParallelResult
+    from helpers.torchrun.launcher import launch
 
     config.validate(nproc)
     raw = launch(GUARDED_WORKER, config.args(), nproc=nproc, timeout=timeout)
@@ -199,6 +199,6 @@ def step_data_parallel(ctx: Context, fig: dict) -> None:
 
 
 if __name__ == "__main__":  # one rank of launch_guarded's torchrun launch
-    from helpers.distributed.ranks import exit_worker, worker_main
+    from helpers.torchrun.ranks import exit_worker, worker_main
 
     exit_worker(worker_main(GUARDED_WORKER, guarded_worker_main))

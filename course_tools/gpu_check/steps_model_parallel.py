@@ -112,8 +112,8 @@ def host_to_device_rows(
 def step_lesson01_toy(ctx: Context, fig: dict) -> None:
     """The toy model's training step proven equal to one device; copy bandwidths."""
     from helpers.core.checks import compare_training_step
-    from helpers.model_parallel.toy import SPLIT_TOLERANCE, ToyModel, copy_to_one_device
     from helpers.model_parallel.transfer import transfer_rows
+    from helpers.models.toy import SPLIT_TOLERANCE, ToyModel, copy_to_one_device
 
     plan, p = ctx.plan(2), ctx.profile.toy  # the source's sizes in every profile
     fig.update(devices=[str(d) for d in plan.devices], simulated=plan.simulated, plan=plan.reason)

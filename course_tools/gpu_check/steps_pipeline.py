@@ -53,7 +53,7 @@ def balanced_cut(stages: int, image: int) -> list[str]:
 
 def in_process_pipeline(ctx: Context) -> dict:
     """Micro-batches in one process on plan_devices(2) vs the naive split and one device."""
-    from helpers.pipeline.timings import in_process_timings
+    from helpers.runs.pipeline.timings import in_process_timings
 
     s, p, plan = ctx.sizes, ctx.profile.pipeline, ctx.plan(2)
     cut = balanced_cut(2, p.image_size)
@@ -80,7 +80,7 @@ def pipeline_processes(ctx: Context, stages: int, baseline: Timing) -> dict:
     from dataclasses import asdict
 
     from helpers.pipeline.schedule import ideal_speedup
-    from helpers.pipeline.stage_runs import PipelineConfig, launch_pipeline
+    from helpers.runs.pipeline.config import PipelineConfig, launch_pipeline
 
     s, p = ctx.sizes, ctx.cpu_profile.pipeline
     cut = balanced_cut(stages, p.image_size)
@@ -151,9 +151,9 @@ def step_schedules(ctx: Context, fig: dict) -> None:
     """Lesson 04: GPipe, 1F1B, interleaved 1F1B and zero bubble on 2 ranks (NCCL with a GPU
     per rank, else gloo on the CPU), each proven against one process, then timed."""
     from course_tools.gpu_check.context import StepSkipped
+    from helpers.models.mlp_stack import SchedulesConfig
     from helpers.pipeline.events import validate_instrumentable
-    from helpers.pipeline.mlp_stack import SchedulesConfig
-    from helpers.pipeline.schedules_run import PROOF_TOLERANCE, launch_schedules
+    from helpers.runs.schedules.results import PROOF_TOLERANCE, launch_schedules
 
     try:
         validate_instrumentable()

@@ -25,7 +25,7 @@ def _jsonable(value: object) -> object:
 def _memory_cases(smoke: bool) -> dict:
     """(model, inputs, labels, what to estimate, estimate options) for each course model."""
     from helpers.model_parallel.resnet import one_hot_labels, resnet50, resnet_layers
-    from helpers.placement.tiny_lm import LMConfig, build_lm
+    from helpers.models.llama import LMConfig, build_lm
 
     batch, size, seq = (4, 32, 16) if smoke else (32, 128, 1024)
     g = torch.Generator().manual_seed(0)
@@ -121,16 +121,16 @@ def offload_budgets(sizes: dict[str, int], on_gpu: bool) -> dict:
 
 def step_device_map(ctx: Context, fig: dict) -> None:
     """tiny_lm on GPU 0 + CPU + disk via accelerate, proven equal to one device, timed."""
+    from helpers.models.llama import build_lm
     from helpers.placement.offload import (
         accelerate_device_map,
         dispatch_with_offload,
         remove_offload_folder,
     )
     from helpers.placement.sizing import module_sizes
-    from helpers.placement.tiny_lm import build_lm, lm_config_for
 
     profile = ctx.profile
-    config = lm_config_for(profile)
+    config = profile.lm.model
     model = build_lm(config)
     main = ctx.plan(1).devices[0]
     budgets = offload_budgets(module_sizes(model), main.type == "cuda")

@@ -20,11 +20,11 @@ import torch
 
 from course_tools.gpu_check.context import Context
 from helpers.core.paths import REPO_ROOT
+from helpers.runs.tp_ffn.results import NativeRun, TPRun
 from helpers.tensor_parallel.dtensor import DTensorRun
-from helpers.tensor_parallel.results import NativeRun, TPRun
 
 if TYPE_CHECKING:
-    from helpers.tensor_parallel.config import DemoConfig
+    from helpers.runs.tp_ffn.config import DemoConfig
 
 
 def demo_args(ctx: Context) -> list[str]:
@@ -112,8 +112,8 @@ def dtensor_figures(d: DTensorRun) -> dict:
 
 def step_tensor_parallel(ctx: Context, fig: dict) -> None:
     """tp_demo's command; shards; tp ranks and DTensor proven equal to native; timings."""
-    from helpers.tensor_parallel.config import RunOptions
-    from helpers.tensor_parallel.runs import (
+    from helpers.runs.tp_ffn.config import RunOptions
+    from helpers.runs.tp_ffn.launch import (
         launch_native,
         launch_tp,
         sweep_config,

@@ -23,8 +23,8 @@ from course_tools.gpu_check.context import Context
 from helpers.core.errors import LaunchError
 
 if TYPE_CHECKING:
-    from helpers.tensor_parallel.llama_config import LlamaTPConfig
-    from helpers.tensor_parallel.llama_results import LlamaTPResult, ModeRun
+    from helpers.runs.tp_llama.config import LlamaTPConfig
+    from helpers.runs.tp_llama.results import LlamaTPResult, ModeRun
 
 TP_CHOICES = (4, 2, 1)
 SMOKE_RANKS = 2
@@ -34,7 +34,7 @@ ONE_RANK_NOTE = (
     "counts are 0 and the held weights are the whole model; the launch proves only the "
     "code path (NCCL, CUDA tensors, the proofs against one process)"
 )
-# what the worker's native part imports (helpers.tensor_parallel.native_llama, block_worker)
+# what the worker's native part imports (helpers.tensor_parallel.plans, block_worker)
 NATIVE_API = (
     ("torch.distributed.device_mesh", "init_device_mesh"),
     ("torch.distributed.tensor", "Replicate"),
@@ -66,7 +66,7 @@ def largest_tp(config: LlamaTPConfig, gpus: int) -> int:
 def tp_config(ctx: Context) -> LlamaTPConfig:
     """The lesson's launch at this run's profile: both modes, timed, the one process too;
     tp from the visible GPUs (two gloo ranks for ``--smoke``); native only when tp > 1."""
-    from helpers.tensor_parallel.llama_config import LlamaTPConfig
+    from helpers.runs.tp_llama.config import LlamaTPConfig
 
     config = LlamaTPConfig.for_profile(ctx.profile, device=ctx.device_type, both=True,
                                        time_one_process=True)
@@ -96,7 +96,7 @@ def launch_with_native(config: LlamaTPConfig, timeout: float = TIMEOUT_S
                        ) -> tuple[LlamaTPResult, str]:
     """(result, the native part's outcome). The native part runs inside the ranks, so if
     it raises the launch fails: then the launch runs again without it, and says why."""
-    from helpers.tensor_parallel.llama_runs import launch_llama_tp
+    from helpers.runs.tp_llama.launch import launch_llama_tp
 
     nproc = config.tp or 1
     if not config.native:

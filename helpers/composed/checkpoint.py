@@ -130,7 +130,7 @@ def load_one_process(folder: str | Path, config) -> tuple[torch.nn.Module, torch
                                                          Manifest]:
     """Without any process group: the whole model and its AdamW, loaded from a checkpoint
     that any layout wrote (``dcp.load`` reads every shard it needs); and the manifest."""
-    from helpers.placement.tiny_lm import build_lm
+    from helpers.models.llama import build_lm
 
     manifest = check(folder, config)
     model = build_lm(config.lm, seed=config.seed).train().to(config.torch_dtype)

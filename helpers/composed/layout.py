@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from helpers.placement.attention import divisors
-from helpers.placement.tiny_lm import LMConfig, TinyLM
+from helpers.models.attention import divisors
+from helpers.models.llama import LMConfig, TinyLM
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ def build_stage(model: TinyLM, layout: Layout, mesh, stage: int) -> StageModule:
     if layout.tp > 1:
         from torch.distributed.tensor.parallel import parallelize_module
 
-        from helpers.tensor_parallel.native_llama import llama_plans
+        from helpers.tensor_parallel.plans import llama_plans
 
         top, block = llama_plans(sequence_parallel=True)
         parallelize_module(module, mesh["tp"],

@@ -21,7 +21,7 @@ from helpers.composed.layout import StageModule
 from helpers.memory.estimate import estimate_transformer
 from helpers.memory.ledger import DeviceMemory
 from helpers.memory.transformer import TransformerShape
-from helpers.placement.tiny_lm import build_lm
+from helpers.models.llama import build_lm
 
 STEP_BYTES = 4  # AdamW's step counter, a float32 scalar per weight
 
@@ -30,7 +30,7 @@ def tp_dim(name: str) -> int | None:
     """The dimension the tensor-parallel plan splits parameter ``name`` along (None: whole)."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-    from helpers.tensor_parallel.native_llama import llama_plans
+    from helpers.tensor_parallel.plans import llama_plans
 
     top, block = llama_plans(sequence_parallel=True)
     parts = name.split(".")

@@ -21,16 +21,16 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from helpers.comm.mesh_meter import MeshComms
 from helpers.composed import checkpoint
-from helpers.composed.comms import MeshComms
-from helpers.composed.config import DTYPES, TrainerConfig
 from helpers.composed.data import MarkovTask
 from helpers.composed.digest import gathered_fingerprint, whole
 from helpers.composed.layout import build_stage
 from helpers.composed.ledger import predicted_memory, predicted_sent
-from helpers.composed.measure import StageMeter, held
-from helpers.composed.results import DIMS, LayoutRun, RankRecord
-from helpers.placement.tiny_lm import build_lm
+from helpers.models.llama import build_lm
+from helpers.runs.llama_3d.config import DTYPES, TrainerConfig
+from helpers.runs.llama_3d.measure import StageMeter, held
+from helpers.runs.llama_3d.results import DIMS, LayoutRun, RankRecord
 
 CPU = torch.device("cpu")
 

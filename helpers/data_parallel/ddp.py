@@ -21,17 +21,17 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from helpers.data_parallel.collectives import CommCounter
-from helpers.data_parallel.rank_step import (
+from helpers.comm.collectives import CommCounter
+from helpers.memory.ledger import DeviceMemory
+from helpers.memory.measure import default_loss
+from helpers.memory.saved import SavedTensorMeter
+from helpers.runs.data_parallel.step import (
     adam,
     named_copy,
     optimizer_state,
     rows_of,
     storage_bytes,
 )
-from helpers.memory.ledger import DeviceMemory
-from helpers.memory.measure import default_loss
-from helpers.memory.saved import SavedTensorMeter
 
 
 @dataclass

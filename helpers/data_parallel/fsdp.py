@@ -17,9 +17,9 @@ import copy
 import torch
 from torch import nn
 
-from helpers.data_parallel.collectives import CommCounter
-from helpers.data_parallel.rank_step import adam, named_copy
+from helpers.comm.collectives import CommCounter
 from helpers.memory.measure import default_loss
+from helpers.runs.data_parallel.step import adam, named_copy
 
 
 def fsdp_units(model: nn.Module) -> dict[str, list[nn.Module]]:

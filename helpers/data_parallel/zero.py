@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from helpers.data_parallel.collectives import all_gather, reduce_scatter
-from helpers.data_parallel.rank_step import adam, optimizer_state, storage_bytes
+from helpers.comm.collectives import all_gather, reduce_scatter
+from helpers.runs.data_parallel.step import adam, optimizer_state, storage_bytes
 
 STAGES = (1, 2, 3)
 

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from helpers.exercises.feedback import NotSolved, Wrong, checker, given, is_placeholder
-from helpers.exercises.two_ranks import registered, run_ranks
+from helpers.torchrun.in_notebook import registered, run_ranks
 
 # each case is (world size, elements of the flat input)
 RS_CASES = ((2, 6), (4, 12))

@@ -8,10 +8,7 @@ parallelism before pipeline stages? The reference is the lesson's own layout sea
 
 from __future__ import annotations
 
-from helpers.core.sizes import format_bytes
-from helpers.exercises.feedback import Wrong, checker, given
-from helpers.memory import LLAMA_70B_SHAPE
-from helpers.memory.layout_search import (
+from helpers.composed.layout_search import (
     CARD,
     Candidate,
     Search,
@@ -19,6 +16,9 @@ from helpers.memory.layout_search import (
     search_layouts,
     valid_tp,
 )
+from helpers.core.sizes import format_bytes
+from helpers.exercises.feedback import Wrong, checker, given
+from helpers.memory import LLAMA_70B_SHAPE
 
 GPUS, SEQ, GLOBAL_BATCH = 64, 4096, 1024
 SHAPE = LLAMA_70B_SHAPE
@@ -67,7 +67,7 @@ def check_layout_70b_64(layout_70b_64: tuple[int, int]) -> str:
         raise ValueError("no layout fits: the exercise needs a search that finds one")
     got = best_at(tp, pp)
     hint = ("search_layouts(LLAMA_70B_SHAPE, 64, recompute=(False,)) from "
-            "helpers.memory.layout_search lists what fits, best first; per_gpu from "
+            "helpers.composed.layout_search lists what fits, best first; per_gpu from "
             "helpers.memory.fits sizes one layout")
     if got is None:
         near = closest_at(tp, pp)

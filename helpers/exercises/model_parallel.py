@@ -10,7 +10,7 @@ from torch import nn
 from helpers.exercises.feedback import Wrong, answer, checker
 from helpers.memory import measure_training_memory
 from helpers.model_parallel.resnet import resnet50, resnet_layers
-from helpers.model_parallel.toy import ToyModel
+from helpers.models.toy import ToyModel
 from helpers.pipeline.stage_cuts import balanced_split_points
 
 

@@ -6,10 +6,10 @@ from collections.abc import Callable, Sequence
 
 from helpers.exercises.feedback import Wrong, answer, checker, given
 from helpers.memory.fits import SCHEDULES, Layout
+from helpers.models.mlp_stack import CHUNKS_PER_RANK, SCHEDULE_NAMES
 from helpers.pipeline.events import bubble_theory
-from helpers.pipeline.mlp_stack import CHUNKS_PER_RANK, SCHEDULE_NAMES
 from helpers.pipeline.schedule import gpipe_timeline
-from helpers.pipeline.timeline import ideal_timeline
+from helpers.runs.schedules.report import ideal_timeline
 
 TARGET_STAGES, TARGET_BUBBLE = 4, 0.10
 STAGE_COST_CASES = (((1, 1), 4), ((1, 1, 1, 1), 8), ((1, 2), 4), ((3, 1, 1), 6),

@@ -9,8 +9,8 @@ from torch import nn
 from helpers.exercises.feedback import Wrong, answer, checker
 from helpers.placement.offload import accelerate_device_map
 from helpers.placement.planner import device_of, tensor_devices
-from helpers.placement.report import device_label
 from helpers.placement.sizing import Device, module_sizes, parse_budgets, tensor_bytes
+from helpers.runs.placement.report import device_label
 
 
 def target_map(model: nn.Module) -> dict[str, Device]:

@@ -10,10 +10,10 @@ import torch
 import torch.distributed as dist
 
 from helpers.exercises.feedback import NotSolved, Wrong, answer, checker, given, is_placeholder
-from helpers.exercises.two_ranks import run_ranks
-from helpers.tensor_parallel import comm
-from helpers.tensor_parallel.comm import ring_allreduce_bytes
+from helpers.tensor_parallel import mappings as comm
 from helpers.tensor_parallel.ffn import FeedForward, cut_shard, split_weights
+from helpers.tensor_parallel.mappings import ring_allreduce_bytes
+from helpers.torchrun.in_notebook import run_ranks
 
 TOLERANCE = 1e-5  # float32 sums of 2 partials in another order
 

@@ -9,7 +9,7 @@ from numbers import Real
 from helpers.core.sizes import format_bytes
 from helpers.exercises.feedback import NotSolved, Wrong, answer, checker, given, is_placeholder
 from helpers.memory import TransformerShape
-from helpers.placement.tiny_lm import LMConfig, build_lm
+from helpers.models.llama import LMConfig, build_lm
 from helpers.tensor_parallel.llama import model_cuts
 
 # --- 09.1 -----------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 The activation count follows Korthikanti et al. 2022 ("Reducing Activation
 Recomputation in Large Transformer Models", arXiv:2205.05198), redone for the model the
-course builds (``helpers.placement.tiny_lm``): pre-norm RMSNorm instead of LayerNorm,
+course builds (``helpers.models.llama``): pre-norm RMSNorm instead of LayerNorm,
 a gated SiLU MLP (three matrices) instead of a GeLU MLP (two), fused attention that
 keeps the log-sum-exp of each query row (4 bytes) instead of the full attention matrix,
 no dropout and no biases. Per block and per token it keeps, in activation elements:

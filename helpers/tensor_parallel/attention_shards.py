@@ -3,7 +3,7 @@
 Heads are independent of one another until the output projection mixes them, which is
 why attention splits by heads: rank ``r`` of ``tp`` keeps a contiguous run of query
 heads and the key/value heads those queries read. Each rank's share is itself a smaller
-GQA (:class:`~helpers.placement.attention.AttentionHeads`) with ``heads / tp`` and
+GQA (:class:`~helpers.models.attention.AttentionHeads`) with ``heads / tp`` and
 ``kv_heads / tp`` heads.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from helpers.placement.attention import check_positive, divisors
+from helpers.models.attention import check_positive, divisors
 
 
 def valid_tp(heads: int, kv_heads: int, ffn: int | None = None) -> list[int]:

@@ -16,10 +16,10 @@ from torch import nn
 
 from helpers.core.checks import Proof
 from helpers.core.timing import Timing, measure
-from helpers.distributed.ranks import Rank, max_over_ranks
-from helpers.tensor_parallel.comm import tp_forward
-from helpers.tensor_parallel.config import DemoConfig, build_model
+from helpers.runs.tp_ffn.config import DemoConfig, build_model
+from helpers.tensor_parallel.mappings import tp_forward
 from helpers.tensor_parallel.proofs import output_tolerance
+from helpers.torchrun.ranks import Rank, max_over_ranks
 
 
 def prove_parallelize_module(

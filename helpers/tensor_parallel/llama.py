@@ -21,8 +21,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from helpers.placement.tiny_lm import TinyLM
-from helpers.tensor_parallel.comm import f, g
+from helpers.models.llama import TinyLM
+from helpers.tensor_parallel.mappings import f, g
 from helpers.tensor_parallel.sequence import (
     all_reduce_sequence_grads,
     check_sequence_split,
@@ -80,7 +80,7 @@ def _copy_norm(norm: nn.RMSNorm) -> nn.RMSNorm:
 
 
 class TPLlama(nn.Module):
-    """Rank ``rank``'s share of a :class:`~helpers.placement.tiny_lm.TinyLM` (same names)."""
+    """Rank ``rank``'s share of a :class:`~helpers.models.llama.TinyLM` (same names)."""
 
     def __init__(self, model: TinyLM, rank: int, tp: int) -> None:
         super().__init__()

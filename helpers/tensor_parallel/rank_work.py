@@ -6,7 +6,7 @@ against the one-process step (``train_step_check``), the rank's memory ledger
 (``rank_memory``) and the forward timed at a second, wider size (``wide_timing``), where
 each rank's share of the matrix products outweighs the all-reduce. Every collective runs
 in the rank's group (``Rank.group``): the whole world, or the first p ranks of a larger
-launch (``helpers.distributed.ranks.first_ranks``).
+launch (``helpers.torchrun.ranks.first_ranks``).
 """
 
 from __future__ import annotations
@@ -18,18 +18,18 @@ import torch.distributed as dist
 from torch import nn
 
 from helpers.core.checks import Proof
-from helpers.core.profiles import FFNSizes
+from helpers.profiles import FFNSizes
 from helpers.core.timing import Timing, synchronized_clock
-from helpers.distributed.ranks import Rank, max_over_ranks
 from helpers.memory.ledger import Ledger
 from helpers.memory.measure import measure_training_memory
+from helpers.runs.tp_ffn.config import DemoConfig, build_model
+from helpers.runs.tp_ffn.results import TrainStep, WideRun
 from helpers.tensor_parallel.block import cut, shard_vs_full
-from helpers.tensor_parallel.comm import f, g, tp_forward
-from helpers.tensor_parallel.config import DemoConfig, build_model
 from helpers.tensor_parallel.ffn import FeedForward, make_input
+from helpers.tensor_parallel.mappings import f, g, tp_forward
 from helpers.tensor_parallel.proofs import output_tolerance
-from helpers.tensor_parallel.results import TrainStep, WideRun
 from helpers.tensor_parallel.shards import load_shard
+from helpers.torchrun.ranks import Rank, max_over_ranks
 
 
 def timed_forward(shard: nn.Module, x: torch.Tensor, iters: int, warmup: int, group=None):

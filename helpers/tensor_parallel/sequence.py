@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from helpers.data_parallel.collectives import all_gather, reduce_scatter
+from helpers.comm.collectives import all_gather, reduce_scatter
 
 SEQ_DIM = 1
 

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from helpers.placement.attention import AttentionHeads
-from helpers.placement.tiny_lm import MLP, Block
+from helpers.models.attention import AttentionHeads
+from helpers.models.llama import MLP, Block
 from helpers.tensor_parallel.attention_shards import check_head_split, head_ranges, valid_tp
-from helpers.tensor_parallel.comm import f, g
+from helpers.tensor_parallel.mappings import f, g
 from helpers.tensor_parallel.sequence import gather_sequence, scatter_sequence
 
 __all__ = ["TPBlock", "WeightCut", "format_split",

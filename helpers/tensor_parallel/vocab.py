@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.tensor_parallel.comm import g
+from helpers.tensor_parallel.mappings import g
 
 
 def _positive(name: str, value: object) -> int:

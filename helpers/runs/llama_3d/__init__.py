@@ -1,0 +1,1 @@
+"""runs/llama_3d"""

@@ -1,0 +1,1 @@
+"""runs/tp_llama"""

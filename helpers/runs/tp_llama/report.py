@@ -1,0 +1,124 @@
+"""Lesson 09's tables and charts, read from the launches' typed results."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from helpers.core.plotting import save_figure
+from helpers.core.sizes import format_bytes
+from helpers.runs.tp_llama.results import LlamaTPResult, ModeRun, StepTimes
+
+
+def proof_lines(result: LlamaTPResult) -> str:
+    """Each mode's proofs against one process (and PyTorch's split against the hand one)."""
+    lines = []
+    for m in result.modes:
+        lines.append(f"tp={result.world_size}, {m.name}: against one process "
+                     "(largest difference over all ranks)")
+        lines += ["  " + p.line() for p in m.proofs]
+        if m.native:
+            lines.append("  parallelize_module + loss_parallel against the hand split:")
+            lines += ["  " + p.line() for p in m.native]
+    return "\n".join(lines)
+
+
+def _columns(results: Sequence[LlamaTPResult]) -> list[tuple[str, ModeRun]]:
+    return [(f"tp={r.world_size} {m.name}", m) for r in results for m in r.modes]
+
+
+def kept_table(results: Sequence[LlamaTPResult]) -> str:
+    """Bytes each rank keeps for backward, per part: measured, and whether the estimator's
+    prediction is the same number."""
+    one = results[0].one_process_kept
+    cols = [("one process", one, one == results[0].predicted_one_process_kept),
+            *[(name, m.kept, m.kept == m.predicted_kept) for name, m in _columns(results)]]
+    width = max(len(c[0]) for c in cols) + 2
+    lines = [f"{'part':<12}" + "".join(f"{c[0]:>{width}}" for c in cols)]
+    for part in one:
+        lines.append(f"{part:<12}" + "".join(f"{format_bytes(c[1][part]):>{width}}" for c in cols))
+    lines.append(f"{'total':<12}" + "".join(
+        f"{format_bytes(sum(c[1].values())):>{width}}" for c in cols))
+    lines.append(f"{'= predicted':<12}" + "".join(
+        f"{'yes' if c[2] else 'NO':>{width}}" for c in cols))
+    return "\n".join(lines)
+
+
+def sent_table(results: Sequence[LlamaTPResult]) -> str:
+    """Bytes one rank sends in a step, per collective: counted on the ranks, predicted."""
+    lines = [f"{'run':<14}{'collective':<16}{'calls':>6}{'sent (counted)':>16}"
+             f"{'predicted':>12}{'total sent':>13}"]
+    for name, m in _columns(results):
+        for k, (collective, sent) in enumerate(sorted(m.sent.items())):
+            total = format_bytes(sum(m.sent.values())) if k == 0 else ""
+            lines.append(f"{name if k == 0 else '':<14}{collective:<16}{m.calls[collective]:>6}"
+                         f"{format_bytes(sent):>16}{format_bytes(m.predicted_sent[collective]):>12}"
+                         f"{total:>13}")
+    return "\n".join(lines)
+
+
+def _times(result: LlamaTPResult) -> list[tuple[str, StepTimes]]:
+    timing = result.timing or {}
+    out = [(f"tp={result.world_size} {m.name}", timing[str(m.sequence_parallel)])
+           for m in result.modes if str(m.sequence_parallel) in timing]
+    if "one process" in timing:
+        out.insert(0, ("one process", timing["one process"]))
+    return out
+
+
+def timing_rows(results: Sequence[LlamaTPResult]) -> list[tuple[str, StepTimes]]:
+    """(run, its step times), the one-process run first."""
+    return [row for r in results for row in _times(r)]
+
+
+def timing_table(results: Sequence[LlamaTPResult]) -> str:
+    """Mean +- std of a step, of its collectives and of the rest (computation), rank 0."""
+    lines = [f"{'run':<14}{'step (ms)':>18}{'collectives (ms)':>20}{'compute (ms)':>18}"]
+    for name, t in timing_rows(results):
+        cells = [StepTimes.mean_std(v) for v in (t.step_s, t.comm_s, t.compute_s)]
+        lines.append(f"{name:<14}" + "".join(
+            f"{1e3 * m:>{w - 8}.1f} +- {1e3 * s:>4.1f}"
+            for (m, s), w in zip(cells, (18, 20, 18), strict=True)))
+    return "\n".join(lines)
+
+
+def timing_chart(results: Sequence[LlamaTPResult], path: Path, title: str) -> Path:
+    """Stacked bars per run: computation below, time in collectives above, mean +- std."""
+    import matplotlib.pyplot as plt
+
+    rows = timing_rows(results)
+    names = [n for n, _ in rows]
+    compute = [StepTimes.mean_std(t.compute_s) for _, t in rows]
+    comm = [StepTimes.mean_std(t.comm_s) for _, t in rows]
+    fig, ax = plt.subplots(figsize=(7.5, 3.8))
+    xs = range(len(rows))
+    ax.bar(xs, [1e3 * m for m, _ in compute], yerr=[1e3 * s for _, s in compute],
+           color="#4c72b0", capsize=3, label="computation (step minus collectives)")
+    ax.bar(xs, [1e3 * m for m, _ in comm], bottom=[1e3 * m for m, _ in compute],
+           yerr=[1e3 * s for _, s in comm], color="#dd8452", capsize=3,
+           label="inside collectives (incl. waiting for other ranks)")
+    ax.set_xticks(list(xs), names, rotation=15)
+    ax.set_ylabel("time per training step on rank 0 (ms)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc="upper left")
+    return save_figure(fig, path)
+
+
+def kept_chart(results: Sequence[LlamaTPResult], path: Path, title: str) -> Path:
+    """Bytes a rank keeps for backward, per run: the blocks, and the rest."""
+    import matplotlib.pyplot as plt
+
+    one = results[0].one_process_kept
+    runs = [("one process", one), *[(n, m.kept) for n, m in _columns(results)]]
+    blocks = [sum(v for k, v in kept.items() if k.startswith("block")) for _, kept in runs]
+    rest = [sum(kept.values()) - b for (_, kept), b in zip(runs, blocks, strict=True)]
+    fig, ax = plt.subplots(figsize=(7.5, 3.5))
+    xs = range(len(runs))
+    ax.bar(xs, [b / 2**20 for b in blocks], color="#4c72b0", label="blocks")
+    ax.bar(xs, [r / 2**20 for r in rest], bottom=[b / 2**20 for b in blocks], color="#937860",
+           label="embedding, final norm, head and loss")
+    ax.set_xticks(list(xs), [n for n, _ in runs], rotation=15)
+    ax.set_ylabel("kept for backward per rank (MiB)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    return save_figure(fig, path)

@@ -1,0 +1,94 @@
+"""The same split through PyTorch's own API: ``parallelize_module`` on the small Llama.
+
+The plan is the hand split of ``llama`` written as placements on a 1-D ``DeviceMesh``:
+q, k, v, gate and up ``ColwiseParallel`` (rows), o and down ``RowwiseParallel``
+(columns), the embedding ``RowwiseParallel`` (its rows are the vocabulary), the head
+``ColwiseParallel`` with its output left sharded over the vocabulary for
+``loss_parallel``. With sequence parallelism the norms are ``SequenceParallel`` (their
+input and output sharded along the sequence, dim 1), the attention and the MLP take
+their input through ``PrepareModuleInput`` (``Shard(1)`` in, all-gathered to
+``Replicate()``), and o, down and the embedding hand back ``Shard(1)`` (a
+reduce-scatter). The attention module needs no change: it counts its heads from the
+width of its (now local) projections.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from helpers.models.llama import TinyLM
+from helpers.runs.tp_llama.step import StepState
+
+
+def llama_plans(sequence_parallel: bool) -> tuple[dict, dict]:
+    """(the model's plan for embed, norm and head; each block's plan), by module name."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    between = Shard(1) if sequence_parallel else Replicate()  # the residual stream's layout
+    top = {"embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=between),
+           "head": ColwiseParallel(input_layouts=between, output_layouts=Shard(-1),
+                                   use_local_output=False)}
+    block = {"attn.q_proj": ColwiseParallel(), "attn.k_proj": ColwiseParallel(),
+             "attn.v_proj": ColwiseParallel(), "attn.o_proj": RowwiseParallel(output_layouts=between),
+             "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+             "mlp.down_proj": RowwiseParallel(output_layouts=between)}
+    if sequence_parallel:
+        top["norm"] = SequenceParallel()
+        gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+        block.update({"attn_norm": SequenceParallel(), "mlp_norm": SequenceParallel(),
+                      "attn": gather, "mlp": gather})
+    return top, block
+
+
+def parallelize_llama(model: TinyLM, mesh, *, sequence_parallel: bool) -> TinyLM:
+    """Shard ``model`` in place over the 1-D ``mesh`` with :func:`llama_plans`."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    top, block = llama_plans(sequence_parallel)
+    parallelize_module(model, mesh, top)
+    for each in model.blocks:
+        parallelize_module(each, mesh, block)
+    return model
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (a replicated one's whole value); a plain tensor as it is."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _like(grad: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """A gradient laid out as its parameter: a replicated norm weight's gradient comes back
+    ``Partial`` (each rank's sum over its own tokens) until it is redistributed."""
+    if hasattr(grad, "redistribute") and grad.placements != param.placements:
+        return grad.redistribute(param.device_mesh, param.placements)
+    return grad
+
+
+def native_step(model: TinyLM, ids: torch.Tensor, targets: torch.Tensor, lr: float) -> StepState:
+    """One SGD step of a parallelized model: ``F.cross_entropy`` under ``loss_parallel`` on
+    the vocabulary-sharded logits; what this rank holds (local shards) afterwards."""
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    logits = model(ids)
+    with loss_parallel():
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        loss.backward()
+    grads = {n: _local(_like(p.grad, p)).detach().clone() for n, p in model.named_parameters()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= lr * p.grad
+    weights = {n: _local(p).detach().clone() for n, p in model.named_parameters()}
+    return StepState(_local(logits).detach(), _local(loss).item(), grads, weights)
+
+
+def placements(model: TinyLM) -> dict[str, str]:
+    """Each parameter's placement on the mesh (``replicated`` for a plain tensor)."""
+    return {n: str(getattr(p, "placements", ("replicated",))[0]) for n, p in
+            model.named_parameters()}
