@@ -41,7 +41,7 @@ test-fast: $(STAMP)
 ## (CI runs it after make test)
 test-gpu-smoke: $(STAMP)
 	TUTORIAL_PROFILE=small CUDA_VISIBLE_DEVICES= $(PY) -m pytest -o addopts= -p no:cacheprovider \
-		-m gpu_smoke tests/test_gpu_check.py
+		-m gpu_smoke tests/course_tools/test_gpu_check.py
 
 ## lab: open the series in JupyterLab (as root too, as in a class's container), without the
 ## first-start news prompt (docs/lab/overrides.json)

@@ -20,8 +20,8 @@ from tqdm import tqdm
 from helpers.core.devices import machine_info
 from helpers.core.files import atomic_write_text
 from helpers.core.paths import NOTEBOOKS_DIR, RESULTS_DIR, display_path
-from helpers.profiles import resolve_name
 from helpers.core.timing import PROGRESS_ENV
+from helpers.profiles import resolve_name
 
 
 def lessons(only: list[str] | None = None) -> list[Path]:

@@ -67,11 +67,11 @@ def test_no_import_cycle_in_either_package():
             visit(node, [node])
 
 
-def test_no_module_of_either_package_is_over_250_lines():
+def test_no_module_of_either_package_is_over_300_lines():
     long = {
         str(p.relative_to(ROOT)): n
         for p in _modules()
-        if (n := len(p.read_text().splitlines())) > 250
+        if (n := len(p.read_text().splitlines())) > 300
     }
     assert not long, long
 

@@ -13,13 +13,15 @@ from dataclasses import replace
 
 import torch
 
+from helpers.models.llama import lm_config
 from helpers.profiles import PROFILES
+from helpers.runs.contract import launch
 from helpers.runs.data_parallel.config import DataParallelConfig
-from helpers.runs.data_parallel.launch import launch_data_parallel
 from helpers.runs.data_parallel.results import ALL_REDUCES_PER_STEP, DataParallelResult
 
 FULL = PROFILES["full"]
-CPU_MODEL = {"hidden": 512, "blocks": 4, "seq": 128}  # the middle size, on the CPU
+CPU_MODEL = {"hidden": 512, "blocks": 4}  # the middle size, on the CPU
+CPU_SEQ = 128
 RANKS = 2
 
 
@@ -28,7 +30,8 @@ def bench_config(cuda: bool | None = None) -> DataParallelConfig:
     cuda = torch.cuda.device_count() >= RANKS if cuda is None else cuda
     if cuda:
         return DataParallelConfig.for_profile(FULL, device="cuda")
-    return replace(DataParallelConfig.for_profile(FULL, device="cpu"), **CPU_MODEL)
+    config = DataParallelConfig.for_profile(FULL, device="cpu")
+    return replace(config, model=lm_config(config.model.vocab, **CPU_MODEL), seq=CPU_SEQ)
 
 
 def collective_figures(result: DataParallelResult) -> dict:
@@ -83,11 +86,12 @@ def data_parallel_section(config: DataParallelConfig | None = None) -> dict:
     """The ``data_parallel`` section of bench.json: one launch, everything from it."""
     config = config or bench_config()
     start = time.perf_counter()
-    result = launch_data_parallel(config, nproc=RANKS, timeout=1800)
+    result = launch(config, nproc=RANKS, timeout=1800)
     seconds = time.perf_counter() - start
     ledgers, sent = ledger_figures(result), bytes_figures(result)
     return {
-        "model": {k: getattr(config, k) for k in ("vocab", "hidden", "blocks", "batch", "seq")},
+        "model": {"vocab": config.model.vocab, "hidden": config.model.hidden,
+                  "blocks": config.model.blocks, "batch": config.batch, "seq": config.seq},
         "parameters": result.parameters,
         "world_size": result.world_size,
         "backend": result.backend,

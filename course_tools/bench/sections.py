@@ -12,15 +12,16 @@ from dataclasses import asdict
 
 from helpers.core.devices import plan_devices
 from helpers.core.paths import display_path, results_path
-from helpers.profiles import PROFILES
-from helpers.models.mlp_stack import SchedulesConfig
 from helpers.pipeline.schedule import ideal_speedup
 from helpers.pipeline.stage_cuts import balanced_cut_names
-from helpers.runs.pipeline.config import PipelineConfig, launch_pipeline
+from helpers.profiles import PROFILES
+from helpers.runs.contract import launch
+from helpers.runs.pipeline.config import PipelineConfig
 from helpers.runs.pipeline.report import split_size_chart
 from helpers.runs.pipeline.timings import cost_per_image, in_process_timings
-from helpers.runs.schedules.results import launch_schedules
-from helpers.runs.tp_ffn.launch import WORLD_SIZES, sweep_config, tp_sweep
+from helpers.runs.schedules.config import SchedulesConfig
+from helpers.runs.tp_ffn.config import WORLD_SIZES, TPFFNConfig
+from helpers.runs.tp_ffn.timings import tp_sweep
 
 FULL = PROFILES["full"]  # make bench runs the full profile's sizes
 
@@ -49,8 +50,8 @@ def pipeline_section(
     )
     runs = [("gpipe", microbatches), ("1f1b", microbatches)]
     runs += [("gpipe", m) for m in sorted(set(sweep) - {microbatches} | {1})]
-    piped = launch_pipeline(PipelineConfig(batch, image_size, tuple(runs), tuple(cut),
-                                           steps=repeats, warmup=warmup, baselines=True))
+    piped = launch(PipelineConfig(batch, image_size, tuple(runs), tuple(cut),
+                                  steps=repeats, warmup=warmup, baselines=True), timeout=1800)
     timed = piped.timings()
     gpipe = timed[("gpipe", microbatches)]
     single = local.single
@@ -105,14 +106,13 @@ def pipeline_section(
 
 def schedules_section(ranks: int = 2, steps: int = 5) -> dict:
     """``make bench``'s ``schedules`` section: lesson 04's run at the full profile's size."""
-    f = FULL.schedules
-    config = SchedulesConfig(f.microbatches, f.batch, f.width, f.blocks, steps, ranks)
-    return launch_schedules(config, timeout=1800).numbers()
+    config = SchedulesConfig.for_profile(FULL, steps=steps, processes=ranks)
+    return launch(config, timeout=1800).numbers()
 
 
 def tp_section() -> dict:
     """The ``tp`` section of bench.json: the source's sizes (full profile)."""
-    config = sweep_config(WORLD_SIZES, FULL.name)
+    config = TPFFNConfig.for_profile(FULL, ranks=max(WORLD_SIZES))
     sweep = tp_sweep(config, WORLD_SIZES)
     return {
         "sizes": {

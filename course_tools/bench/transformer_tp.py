@@ -11,7 +11,7 @@ launch also times the one-process model. Chart: ``results/transformer_tp_bench.p
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -20,13 +20,14 @@ import torch
 from helpers.core.paths import display_path, results_path
 from helpers.core.plotting import save_figure
 from helpers.profiles import PROFILES
+from helpers.runs.contract import launch
 from helpers.runs.tp_llama.config import LlamaTPConfig
-from helpers.runs.tp_llama.launch import launch_llama_tp
 from helpers.runs.tp_llama.results import LlamaTPResult, ModeRun, StepTimes
 
 FULL = PROFILES["full"]
 TP_SIZES = (2, 4)
-CPU_MODEL = {"vocab": 8002, "hidden": 512, "ffn": 1408, "seq": 128, "time_steps": 5}
+CPU_MODEL = {"vocab": 8002, "hidden": 512, "ffn": 1408}
+CPU_RUN = {"seq": 128, "time_steps": 5}
 CHART = "transformer_tp_bench.png"
 MODE_KEYS = {"TP": "False", "TP + SP": "True"}
 
@@ -35,7 +36,8 @@ def bench_config(cuda: bool | None = None) -> LlamaTPConfig:
     """Both modes, timed: the full profile's Llama on GPUs, the middle model on the CPU."""
     cuda = torch.cuda.device_count() >= max(TP_SIZES) if cuda is None else cuda
     config = LlamaTPConfig.for_profile(FULL, device="cuda" if cuda else "cpu", both=True)
-    return config if cuda else replace(config, **CPU_MODEL)
+    return config if cuda else replace(config, model=replace(config.model, **CPU_MODEL),
+                                       **CPU_RUN)
 
 
 def times_figures(times: StepTimes) -> dict:
@@ -71,8 +73,9 @@ def run_figures(result: LlamaTPResult) -> dict:
 
 def sizes_title(config: LlamaTPConfig, backend: str) -> str:
     """The chart's title: the model, the batch, the backend."""
-    return (f"Llama: vocab {config.vocab}, hidden {config.hidden}, {config.heads} heads "
-            f"({config.kv_heads} kv), MLP {config.ffn}, {config.layers} blocks\n"
+    m = config.model
+    return (f"Llama: vocab {m.vocab}, hidden {m.hidden}, {m.heads} heads "
+            f"({m.kv} kv), MLP {m.ffn}, {m.blocks} blocks\n"
             f"batch {config.batch} x {config.seq} tokens; {backend}"
             + (", one thread per rank" if backend == "gloo" else ""))
 
@@ -108,8 +111,8 @@ def transformer_tp_section(config: LlamaTPConfig | None = None,
     per_tp, launches, one, backend, parameters = {}, {}, None, "", 0
     for tp in tp_sizes:
         start = time.perf_counter()
-        result = launch_llama_tp(replace(config, tp=tp, time_one_process=one is None),
-                                 nproc=tp, timeout=1800)
+        result = launch(replace(config, tp=tp, time_one_process=one is None),
+                        nproc=tp, timeout=1800)
         launches[tp] = {"seconds": time.perf_counter() - start, "verdicts": result.verdicts()}
         per_tp[tp] = run_figures(result)
         if one is None:
@@ -117,8 +120,7 @@ def transformer_tp_section(config: LlamaTPConfig | None = None,
         backend, parameters = result.backend, result.parameters
     title = sizes_title(config, backend)
     return {
-        "model": {k: getattr(config, k) for k in ("vocab", "hidden", "heads", "kv_heads", "ffn",
-                                                  "layers", "seq", "batch")},
+        "model": {**asdict(config.model), "seq": config.seq, "batch": config.batch},
         "parameters": parameters,
         "device": config.device,
         "backend": backend,

@@ -49,8 +49,8 @@ def run_figures(run) -> dict:
 
 def step_composed(ctx: Context, fig: dict) -> None:
     """Lesson 10 on up to 8 GPUs: every layout's proof, ledgers, bytes and times."""
-    from helpers.runs.llama_3d.launch import launch_suite, launch_trainer
-    from helpers.runs.llama_3d.suite import LAYOUTS, SuiteConfig
+    from helpers.runs.contract import launch
+    from helpers.runs.llama_3d.config import LAYOUTS, SuiteConfig
 
     missing = native_api_missing(API)
     if missing:
@@ -58,10 +58,11 @@ def step_composed(ctx: Context, fig: dict) -> None:
     gpus = torch.cuda.device_count() if ctx.device_type == "cuda" else 0
     suite = SuiteConfig.for_profile(ctx.profile, device="cuda" if gpus else "cpu")
     fig.update(profile=ctx.profile.name, gpus=gpus, dtype=suite.dtype, steps=suite.steps,
-               model={k: getattr(suite, k) for k in ("vocab", "hidden", "heads", "kv_heads",
-                                                      "ffn", "layers", "seq", "batch")})
+               model={**{k: getattr(suite.model, k) for k in ("vocab", "hidden", "heads",
+                                                              "kv_heads", "ffn", "blocks")},
+                      "seq": suite.seq, "batch": suite.batch})
     if gpus >= 8:
-        result = launch_suite(suite)
+        result = launch(suite)
         runs = {str(r.layout): r for r in result.runs}
         fig["checkpoint_round_trip"] = {"dp x tp resumed from 3-D": run_figures(result.two_d),
                                         "3-D resumed from dp x tp": run_figures(result.back)}
@@ -69,7 +70,7 @@ def step_composed(ctx: Context, fig: dict) -> None:
         layouts = [lay for lay in LAYOUTS if lay.world_size <= gpus] if gpus else [LAYOUTS[2]]
         if gpus == 1:
             fig["note"] = ONE_GPU_NOTE
-        runs = {str(lay): launch_trainer(suite.trainer(lay), timeout=300) for lay in layouts}
+        runs = {str(lay): launch(suite.trainer(lay), timeout=300) for lay in layouts}
     fig["runs"] = {name: run_figures(run) for name, run in runs.items()}
     for name, f in fig["runs"].items():
         print(f"{name}: ok {f['ok']}, loss |diff| {f['loss_max_diff']:.1e}, weights "

@@ -5,7 +5,7 @@ sizes: its proofs, the bytes each technique sends, the ledgers measured beside p
 and the alpha-beta fit of each collective. ``--smoke``: two gloo ranks on the CPU at the
 smoke profile's sizes.
 
-The ranks run the lesson's worker through :func:`guarded_worker_main`, which only guards
+The ranks run the lesson's worker through this module's :func:`main`, which only guards
 PyTorch's private ``FSDPMemTracker``: on a torch where it is missing or differs, the
 tracker's peaks are left out and the reason recorded, and everything else still runs.
 With one GPU the world size is 1: every collective sends nothing and nothing is sharded.
@@ -14,17 +14,17 @@ With one GPU the world size is 1: every collective sends nothing and nothing is 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, fields
 from types import SimpleNamespace
-from typing import TYPE_CHECKING
+from typing import ClassVar
 
 import torch
 
 from course_tools.gpu_check.context import Context
-
-if TYPE_CHECKING:
-    from helpers.runs.data_parallel.config import DataParallelConfig
-    from helpers.runs.data_parallel.results import DataParallelResult
+from helpers.runs.contract import Record, launch, serve
+from helpers.runs.data_parallel.config import DataParallelConfig
+from helpers.runs.data_parallel.results import DataParallelResult
+from helpers.torchrun.ranks import Rank
 
 GUARDED_WORKER = "course_tools.gpu_check.steps_data_parallel"
 MAX_RANKS = 2
@@ -55,19 +55,29 @@ def guarded_tracker(track: Callable, skipped: list[str]) -> Callable:
     return run
 
 
-def guarded_worker_main() -> None:
+@dataclass(frozen=True)
+class GuardedConfig(DataParallelConfig):
+    """Lesson 06's launch, its ranks run by gpu-check's guarded worker."""
+
+    WORKER: ClassVar[str] = GUARDED_WORKER
+
+
+@dataclass(frozen=True)
+class GuardedResult(Record):
+    """The lesson's result, and what became of ``FSDPMemTracker`` ("ok" or why skipped)."""
+
+    lesson: DataParallelResult
+    fsdp_tracker: str
+
+
+def main(config: GuardedConfig, rank: Rank) -> GuardedResult:
     """The lesson's worker, with the tracker guarded and its outcome in the result."""
     from helpers.runs.data_parallel import worker
 
     skipped: list[str] = []
     worker.track_fsdp_step = guarded_tracker(worker.track_fsdp_step, skipped)
-    write = worker.write_result
-
-    def write_with_tracker(rank: object, result: dict) -> None:
-        write(rank, {**result, "fsdp_tracker": skipped[0] if skipped else "ok"})
-
-    worker.write_result = write_with_tracker
-    worker.main()
+    result = worker.main(config, rank)
+    return GuardedResult(result, skipped[0] if skipped else "ok")
 
 
 # --- the launch -------------------------------------------------------------------------
@@ -82,20 +92,15 @@ def dp_world_size(ctx: Context) -> int:
 
 def dp_config(ctx: Context) -> DataParallelConfig:
     """The lesson's launch at this run's profile, on this run's device type."""
-    from helpers.runs.data_parallel.config import DataParallelConfig
-
     return DataParallelConfig.for_profile(ctx.profile, device=ctx.device_type)
 
 
 def launch_guarded(config: DataParallelConfig, nproc: int,
                    timeout: float = 300.0) -> tuple[DataParallelResult, str]:
-    """The lesson's launch through :func:`guarded_worker_main`: (result, tracker outcome)."""
-    from helpers.runs.data_parallel.results import DataParallelResult
-    from helpers.torchrun.launcher import launch
-
-    config.validate(nproc)
-    raw = launch(GUARDED_WORKER, config.args(), nproc=nproc, timeout=timeout)
-    return DataParallelResult.from_dict(raw), raw.get("fsdp_tracker", "ok")
+    """The lesson's launch through this module's :func:`main`: (result, tracker outcome)."""
+    guarded = GuardedConfig(**{f.name: getattr(config, f.name) for f in fields(config)})
+    answer = launch(guarded, nproc=nproc, timeout=timeout)
+    return answer.lesson, answer.fsdp_tracker
 
 
 # --- what is recorded -------------------------------------------------------------------
@@ -186,8 +191,8 @@ def step_data_parallel(ctx: Context, fig: dict) -> None:
     """Lesson 06 on up to 2 GPUs: proofs, bytes, ledgers, alpha-beta fits."""
     config, nproc = dp_config(ctx), dp_world_size(ctx)
     fig.update(profile=ctx.profile.name, device=config.device, nproc=nproc,
-               model={k: getattr(config, k) for k in ("vocab", "hidden", "blocks", "batch",
-                                                      "seq")})
+               model={"vocab": config.model.vocab, "hidden": config.model.hidden,
+                      "blocks": config.model.blocks, "batch": config.batch, "seq": config.seq})
     result, outcome = launch_guarded(config, nproc)
     record(result, outcome, fig)
     print(f"world size {result.world_size} ({result.backend}); proofs "
@@ -199,6 +204,4 @@ def step_data_parallel(ctx: Context, fig: dict) -> None:
 
 
 if __name__ == "__main__":  # one rank of launch_guarded's torchrun launch
-    from helpers.torchrun.ranks import exit_worker, worker_main
-
-    exit_worker(worker_main(GUARDED_WORKER, guarded_worker_main))
+    serve(GuardedConfig, main)

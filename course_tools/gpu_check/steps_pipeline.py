@@ -77,16 +77,16 @@ def in_process_pipeline(ctx: Context) -> dict:
 def pipeline_processes(ctx: Context, stages: int, baseline: Timing) -> dict:
     """K stage processes (gloo on the CPU unless K GPUs give NCCL), proven, then timed at M
     micro-batches and at M = 1 (the same processes with nothing to overlap)."""
-    from dataclasses import asdict
-
     from helpers.pipeline.schedule import ideal_speedup
-    from helpers.runs.pipeline.config import PipelineConfig, launch_pipeline
+    from helpers.runs.contract import launch
+    from helpers.runs.pipeline.config import PipelineConfig
 
     s, p = ctx.sizes, ctx.cpu_profile.pipeline
     cut = balanced_cut(stages, p.image_size)
-    config = PipelineConfig(p.batch, p.image_size, (("gpipe", p.microbatches), ("gpipe", 1)),
-                            tuple(cut), steps=s.cpu_steps, warmup=1)
-    piped = launch_pipeline(config, timeout=300)
+    config = PipelineConfig(batch=p.batch, image_size=p.image_size,
+                            runs=(("gpipe", p.microbatches), ("gpipe", 1)), split=tuple(cut),
+                            steps=s.cpu_steps, warmup=1)
+    piped = launch(config, timeout=300)  # one process per stage
     timed = piped.timings()
     timing, no_overlap = timed[("gpipe", p.microbatches)], timed[("gpipe", 1)]
     return {
@@ -98,7 +98,7 @@ def pipeline_processes(ctx: Context, stages: int, baseline: Timing) -> dict:
         "speedup": baseline.mean / timing.mean,
         "speedup_over_m1": no_overlap.mean / timing.mean,
         "ideal_speedup": ideal_speedup(stages, p.microbatches),
-        "checks": [asdict(p) for p in piped.proofs],
+        "checks": [p.to_dict() for p in piped.proofs],
         # gloo: the same CPU arithmetic as the reference; NCCL stages run on GPUs (TF32)
         "check_agrees": piped.proofs_ok if piped.backend == "gloo" else None,
     }
@@ -151,21 +151,20 @@ def step_schedules(ctx: Context, fig: dict) -> None:
     """Lesson 04: GPipe, 1F1B, interleaved 1F1B and zero bubble on 2 ranks (NCCL with a GPU
     per rank, else gloo on the CPU), each proven against one process, then timed."""
     from course_tools.gpu_check.context import StepSkipped
-    from helpers.models.mlp_stack import SchedulesConfig
     from helpers.pipeline.events import validate_instrumentable
-    from helpers.runs.schedules.results import PROOF_TOLERANCE, launch_schedules
+    from helpers.pipeline.schedule import PROOF_TOLERANCE
+    from helpers.runs.contract import launch
+    from helpers.runs.schedules.config import SchedulesConfig
 
     try:
         validate_instrumentable()
     except RuntimeError as error:  # an older or newer torch without what lesson 04 wraps
         raise StepSkipped(str(error)) from None
-    p = ctx.profile.schedules
-    config = SchedulesConfig(p.microbatches, p.batch, p.width, p.blocks, ctx.sizes.sched_steps,
-                             ranks=2)
-    result = launch_schedules(config, timeout=300)
+    config = SchedulesConfig.for_profile(ctx.profile, steps=ctx.sizes.sched_steps, processes=2)
+    result = launch(config, timeout=300)
     print(result.table())
     fig.update(result.numbers())
-    fig["backend_reason"] = plan_devices(config.ranks, processes=True).reason
+    fig["backend_reason"] = plan_devices(config.processes, processes=True).reason
     fig["proof_tolerance"] = PROOF_TOLERANCE
     # gloo: float32 on the CPU, as the reference; NCCL stages run on GPUs (recorded, not judged)
     bad = [name for name, run in result.runs.items() if not run.proof.ok]

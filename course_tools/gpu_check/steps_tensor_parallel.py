@@ -2,19 +2,16 @@
 
 The source's ``tp_demo`` command, the shards, tp ranks (NCCL, one GPU per rank) with a
 training step, and DTensor, each proven equal to the native FFN; native vs tp timings.
-``--smoke`` launches as few processes as cover the code: the demo command's own native
-run stands in for the launched one, and one rank runs tp (and DTensor, in the same launch).
+One launch does every world size (lesson 08's sweep: native on rank 0, then each world
+size p on ranks 0 .. p-1, DTensor on every rank); ``--smoke`` runs it on one rank.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -22,9 +19,6 @@ from course_tools.gpu_check.context import Context
 from helpers.core.paths import REPO_ROOT
 from helpers.runs.tp_ffn.results import NativeRun, TPRun
 from helpers.tensor_parallel.dtensor import DTensorRun
-
-if TYPE_CHECKING:
-    from helpers.runs.tp_ffn.config import DemoConfig
 
 
 def demo_args(ctx: Context) -> list[str]:
@@ -112,35 +106,20 @@ def dtensor_figures(d: DTensorRun) -> dict:
 
 def step_tensor_parallel(ctx: Context, fig: dict) -> None:
     """tp_demo's command; shards; tp ranks and DTensor proven equal to native; timings."""
-    from helpers.runs.tp_ffn.config import RunOptions
-    from helpers.runs.tp_ffn.launch import (
-        launch_native,
-        launch_tp,
-        sweep_config,
-        write_all_shards,
-    )
+    from helpers.runs.contract import launch
+    from helpers.runs.tp_ffn.config import TPFFNConfig
+    from helpers.runs.tp_ffn.shard_files import write_all_shards
 
-    demo_json = ctx.scratch / "tp_demo_native.json" if ctx.smoke else None
-    if demo_json is not None:
-        demo_json.unlink(missing_ok=True)  # never a previous run's
-    fig["demo"] = run_demo_command(ctx, demo_json)
+    fig["demo"] = run_demo_command(ctx)
     sizes = tp_world_sizes(ctx)
     if ctx.device_type == "cuda" and torch.cuda.device_count() < 2:
         fig["skipped_world_sizes"] = "2..N: one GPU here, and NCCL never gets two ranks on one GPU"
-    config = sweep_config(sizes, ctx.profile.name)
-
-    def at(p: int) -> DemoConfig:
-        return replace(config, world_size=p, shard_dir=str(ctx.scratch / "tp_shards" / f"world{p}"))
-
-    for p in sizes:
-        write_all_shards(at(p), [p])
-    if demo_json is None:
-        native = launch_native(at(max(sizes)), timeout=300)
-    elif demo_json.exists():  # --smoke: the demo command ran the same FFN natively
-        native = NativeRun.from_dict(json.loads(demo_json.read_text()))
-        fig["native_from"] = "the tp_demo command (--smoke: one launch fewer)"
-    else:
-        raise AssertionError(f"the tp_demo command failed: {fig['demo']['stderr_tail']}")
+    # every world size in one launch; the largest also proves parallelize_module
+    config = TPFFNConfig.for_profile(ctx.profile, ranks=max(sizes), sweep=tuple(sizes),
+                                     train_step=True, dtensor=True)
+    write_all_shards(config, sizes)
+    sweep = launch(config, timeout=300 * len(sizes))
+    native = sweep.native
     fig["native"] = {
         "dtype": native.dtype,
         "mean_s": native.timing.mean,
@@ -149,10 +128,8 @@ def step_tensor_parallel(ctx: Context, fig: dict) -> None:
         "tp_simulate_agrees": native.simulate.ok,
     }
     fig["runs"] = []
-    runs = {}
-    for p in sizes:  # the largest world size also proves parallelize_module, in the same launch
-        options = RunOptions(train_step=True, dtensor=p == max(sizes))
-        runs[p] = launch_tp(at(p), p, options, timeout=300)
+    runs = sweep.runs
+    for p in sizes:
         fig["runs"].append(tp_run_row(runs[p], native))
         print({k: v for k, v in fig["runs"][-1].items() if k != "train_step_max_diff"})
     proofs = [

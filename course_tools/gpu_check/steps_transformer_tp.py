@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib
 import re
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -34,7 +34,7 @@ ONE_RANK_NOTE = (
     "counts are 0 and the held weights are the whole model; the launch proves only the "
     "code path (NCCL, CUDA tensors, the proofs against one process)"
 )
-# what the worker's native part imports (helpers.tensor_parallel.plans, block_worker)
+# what the worker's native part imports (helpers.tensor_parallel.plans, runs.tp_llama.step)
 NATIVE_API = (
     ("torch.distributed.device_mesh", "init_device_mesh"),
     ("torch.distributed.tensor", "Replicate"),
@@ -96,21 +96,21 @@ def launch_with_native(config: LlamaTPConfig, timeout: float = TIMEOUT_S
                        ) -> tuple[LlamaTPResult, str]:
     """(result, the native part's outcome). The native part runs inside the ranks, so if
     it raises the launch fails: then the launch runs again without it, and says why."""
-    from helpers.runs.tp_llama.launch import launch_llama_tp
+    from helpers.runs.contract import launch
 
     nproc = config.tp or 1
     if not config.native:
-        return launch_llama_tp(config, nproc=nproc, timeout=timeout), "not run at tp=1"
+        return launch(config, nproc=nproc, timeout=timeout), "not run at tp=1"
     missing = native_api_missing()
     if missing:
         config = replace(config, native=False)
-        return launch_llama_tp(config, nproc=nproc, timeout=timeout), f"skipped: {missing}"
+        return launch(config, nproc=nproc, timeout=timeout), f"skipped: {missing}"
     try:
-        return launch_llama_tp(config, nproc=nproc, timeout=timeout), "ok"
+        return launch(config, nproc=nproc, timeout=timeout), "ok"
     except LaunchError as error:
         reason = f"skipped: the launch with native=True failed ({error_lines(error)}); rerun without"
         print(reason)
-        return launch_llama_tp(replace(config, native=False), nproc=nproc, timeout=timeout), reason
+        return launch(replace(config, native=False), nproc=nproc, timeout=timeout), reason
 
 
 # --- what is recorded -------------------------------------------------------------------
@@ -208,8 +208,7 @@ def step_transformer_tp(ctx: Context, fig: dict) -> None:
     """Lesson 09 on up to 4 GPUs: proofs, bytes, activations, held weights, timings."""
     config = tp_config(ctx)
     fig.update(profile=ctx.profile.name, device=config.device, tp=config.tp,
-               model={k: getattr(config, k) for k in ("vocab", "hidden", "heads", "kv_heads",
-                                                      "ffn", "layers", "seq", "batch")},
+               model={**asdict(config.model), "seq": config.seq, "batch": config.batch},
                time_steps=config.time_steps, warmup=config.warmup)
     result, native = launch_with_native(config)
     record(result, native, fig)

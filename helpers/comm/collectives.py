@@ -6,22 +6,17 @@ has sent (N - 1)/N x S. All-gather passes the finished chunks round N - 1 more t
 (N - 1)/N x S. All-reduce is the two in a row: 2(N - 1)/N x S. Broadcast along the ring
 forwards the whole tensor once per rank: S. These are the volumes of the bandwidth-optimal
 algorithms (Patarasuk and Yuan 2009; NCCL's ring); a library may pick another algorithm
-for small tensors, so the counts below are each collective's volume, not a packet capture.
-
-:class:`CommCounter` sees every collective a rank issues, from our code or from a library
-(DDP, FSDP2), because ``torch.distributed`` sends each through the dispatcher as a
-``c10d`` operator: a ``TorchDispatchMode`` reads its tensors' sizes on the way.
+for small tensors, so these are each collective's volume, not a packet capture
+(:class:`helpers.comm.meter.CommMeter` counts them on a rank).
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.utils._python_dispatch import TorchDispatchMode
 
 
 # torch 2.14 calls the one-tensor forms all_gather_single and reduce_scatter_single (the
@@ -42,16 +37,6 @@ def reduce_scatter(output: torch.Tensor, input: torch.Tensor, **kwargs: object):
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 
-# the dispatcher's names for them, and which argument holds the full-size tensor (S)
-_C10D_OPS = {
-    "allreduce_": ("all_reduce", 0),
-    "_reduce_scatter_base_": ("reduce_scatter", 1),  # (output chunk, full input)
-    "reduce_scatter_tensor_coalesced_": ("reduce_scatter", 1),
-    "_allgather_base_": ("all_gather", 0),  # (full output, input chunk)
-    "allgather_into_tensor_coalesced_": ("all_gather", 0),
-    "broadcast_": ("broadcast", 0),
-}
-
 
 def validate_collective(name: str) -> str:
     """``name`` if it is one of :data:`COLLECTIVES`, else a ValueError naming them."""
@@ -71,39 +56,6 @@ def ring_bytes(collective: str, world_size: int, nbytes: float) -> float:
     share = (n - 1) / n * nbytes
     return {"all_reduce": 2 * share, "reduce_scatter": share, "all_gather": share,
             "broadcast": float(nbytes)}[collective]
-
-
-def _nbytes(value: object) -> int:
-    tensors = value if isinstance(value, (list, tuple)) else [value]
-    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
-
-
-@dataclass
-class CommCounter(TorchDispatchMode):
-    """Counts the collectives issued inside ``with CommCounter(world_size):``, per kind.
-
-    ``calls`` and ``sent`` (bytes this rank sends, by :func:`ring_bytes`) per collective.
-    """
-
-    world_size: int
-    calls: Counter = field(default_factory=Counter)
-    sent: Counter = field(default_factory=Counter)
-
-    def __post_init__(self) -> None:
-        super().__init__()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace == "c10d" and func._opname in _C10D_OPS:
-            name, which = _C10D_OPS[func._opname]
-            full = _nbytes(args[which])
-            self.calls[name] += 1
-            self.sent[name] += ring_bytes(name, self.world_size, full)
-        return func(*args, **(kwargs or {}))
-
-    @property
-    def total_sent(self) -> float:
-        """Bytes this rank sent, all collectives together."""
-        return float(sum(self.sent.values()))
 
 
 @dataclass(frozen=True)

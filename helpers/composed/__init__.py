@@ -3,13 +3,14 @@
 Taught: ``data`` (a learnable task made locally: sequences from a fixed random Markov
 chain, the same batch for every layout at every step), ``layout`` (the ``(pp, dp, tp)``
 mesh's sizes, checked; a pipeline stage, tensor- and sequence-parallel with lesson 09's
-plan, then fully sharded), ``run`` (one layout's training, measured, against the one
-process), ``ledger`` (what a rank holds and sends, predicted), ``checkpoint`` (folders of
-``torch.distributed.checkpoint`` that any layout loads, verified), ``digest`` (a
-fingerprint of the weights that does not depend on the layout).
+plan, then fully sharded), ``training`` (the 3-D loop every rank runs, with hooks for
+what a harness measures), ``ledger`` (what a rank holds and sends, predicted from the
+shapes), ``checkpoint`` (folders of ``torch.distributed.checkpoint`` that any layout
+loads, verified), ``layout_search`` (which layout of a cluster fits a Llama, chosen by
+Megatron-LM's rule) and ``published_layouts`` (what others ran).
 
-They run it: ``config`` and ``trainer`` (the torchrun entry point for one layout),
-``suite`` (every layout in one launch), ``launches`` (the lesson's launches), ``results``
-(typed results and every verdict, where the tolerances are named), ``comms`` and
-``measure`` (what a rank sends and keeps), ``report`` (tables and charts).
+The lesson's launches, instruments and records are in ``helpers/runs/llama_3d``.
 """
+
+TAUGHT = ("checkpoint", "data", "layout", "layout_search", "ledger", "published_layouts",
+          "training")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import shutil
 import warnings
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -32,7 +32,10 @@ def _OPTIONS():  # noqa: N802 - a constant, built when torch.distributed.checkpo
     return StateDictOptions(flatten_optimizer_state_dict=True)
 
 
-MODEL_FIELDS = ("vocab", "hidden", "heads", "kv_heads", "ffn", "layers", "seed", "dtype")
+def identity(config) -> dict:
+    """What makes two checkpoints the same model, whatever their layouts: its shape, the
+    seed its weights were drawn from, and its dtype."""
+    return {**asdict(config.model), "seed": config.seed, "dtype": config.dtype}
 
 
 def step_folder(root: str | Path, step: int) -> Path:
@@ -44,7 +47,7 @@ def save(root: str | Path, step: int, module: torch.nn.Module, optimizer, config
          losses: list[float], group=None, weights_sha256: str = "") -> Path:
     """Collective over ``group`` (default: all ranks): every rank saves its shards; the
     group's first rank seals the folder (its manifest records ``weights_sha256``, the
-    weights' fingerprint, ``digest.fingerprint``)."""
+    weights' fingerprint, ``helpers.runs.llama_3d.digest``)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -63,7 +66,7 @@ def save(root: str | Path, step: int, module: torch.nn.Module, optimizer, config
             for path in staging.iterdir():
                 shutil.move(str(path), tmp / path.name)
 
-        meta = {"model": {k: getattr(config, k) for k in MODEL_FIELDS}, "step": step,
+        meta = {"model": identity(config), "step": step,
                 "losses": losses, "layout": str(config.layout),
                 "weights_sha256": weights_sha256}
         write_verified_folder(final, fill, meta=meta)
@@ -85,7 +88,7 @@ class Manifest:
     step: int  # the checkpoint was taken after this step
     layout: str  # the layout that saved it
     losses: list[float]  # the loss of every step up to ``step``
-    weights_sha256: str  # the weights' fingerprint (``digest``)
+    weights_sha256: str  # the weights' fingerprint (``helpers.runs.llama_3d.digest``)
 
 
 def check(folder: str | Path, config) -> Manifest:
@@ -95,9 +98,8 @@ def check(folder: str | Path, config) -> Manifest:
     if ".metadata" not in manifest["files"]:
         raise FolderError(f"{folder} holds no .metadata: not a complete checkpoint; valid: a "
                           "folder written by helpers.composed.checkpoint.save")
-    theirs = manifest.get("model", {})
-    wrong = {k: (theirs.get(k), getattr(config, k)) for k in MODEL_FIELDS
-             if theirs.get(k) != getattr(config, k)}
+    theirs, mine = manifest.get("model", {}), identity(config)
+    wrong = {k: (theirs.get(k), v) for k, v in mine.items() if theirs.get(k) != v}
     if wrong:
         listed = ", ".join(f"{k}={a} in the checkpoint, {b} here" for k, (a, b) in wrong.items())
         raise FolderError(f"{folder} holds another model ({listed}); valid: the same model "
@@ -133,7 +135,7 @@ def load_one_process(folder: str | Path, config) -> tuple[torch.nn.Module, torch
     from helpers.models.llama import build_lm
 
     manifest = check(folder, config)
-    model = build_lm(config.lm, seed=config.seed).train().to(config.torch_dtype)
+    model = build_lm(config.model, seed=config.seed).train().to(config.torch_dtype)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
     with warnings.catch_warnings():  # one process, no process group: as intended here
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")

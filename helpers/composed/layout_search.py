@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from helpers.core.sizes import format_bytes
-from helpers.memory.fits import Layout, per_gpu
+from helpers.memory.fits import ClusterLayout, per_gpu
 from helpers.memory.ledger import DeviceMemory
 from helpers.memory.parameters import ZERO_STAGES, validate_recompute, validate_zero
 from helpers.memory.transformer import TransformerShape
@@ -47,7 +47,7 @@ def _positive(name: str, value: object) -> int:
 class Candidate:
     """One layout of the search, its micro-batches per step and its fullest GPU's ledger."""
 
-    layout: Layout
+    layout: ClusterLayout
     microbatches: int
     memory: DeviceMemory
 
@@ -140,7 +140,7 @@ def search_layouts(shape: TransformerShape, gpus: int, *, model: str = "", seq: 
             m = global_batch // (d * micro_batch)
             for z in [s for s in zero if d > 1 or s == 0]:
                 for r in recompute:
-                    layout = Layout("", tp=t, pp=p, dp=d, zero=z, recompute=r)
+                    layout = ClusterLayout("", tp=t, pp=p, dp=d, zero=z, recompute=r)
                     memory = per_gpu(shape, layout, seq=seq, micro_batch=micro_batch,
                                      microbatches=m, sequence_parallel=t > 1)
                     tried.append(Candidate(layout, m, memory))

@@ -53,7 +53,7 @@ def _pieces(config, stage: int) -> list[tuple[str, int, int]]:
     """(name, elements this rank holds, elements of its tensor-parallel piece) of each
     weight of ``stage``: split by the tensor-parallel plan, then by ``fully_shard`` over dp."""
     layout = config.layout
-    module = StageModule(build_lm(config.lm, seed=config.seed), stage, layout.pp)
+    module = StageModule(build_lm(config.model, seed=config.seed), stage, layout.pp)
     out = []
     for name, p in module.named_parameters():
         split = tp_dim(name) if layout.tp > 1 else None
@@ -77,9 +77,9 @@ def predicted_memory(config, stage: int) -> DeviceMemory:
     in_flight = [min(m, layout.pp - k) if layout.pp > 1 else 1 for k in range(layout.pp)]
     precision = {4: "fp32", 8: "fp64"}[e]
     ledger = estimate_transformer(
-        TransformerShape.of(config.lm), batch=rows, seq=config.seq, precision=precision,
-        stages=[config.layers // layout.pp] * layout.pp, tp=layout.tp, in_flight=in_flight,
-        sequence_parallel=layout.tp > 1)
+        TransformerShape.of(config.model), batch=rows, seq=config.seq, precision=precision,
+        stages=[config.model.blocks // layout.pp] * layout.pp, tp=layout.tp,
+        in_flight=in_flight, sequence_parallel=layout.tp > 1)
     activations = list(ledger.rows.values())[stage].activations
     return DeviceMemory(weights=weights, grads=grads,
                         optimizer_state=2 * weights + STEP_BYTES * len(pieces),
@@ -112,12 +112,12 @@ def predicted_sent(config, stage: int) -> dict[str, float]:
     t, d, p = layout.tp, layout.dp, layout.pp
     first, last = stage == 0, stage == p - 1
     tokens = config.batch // d * config.seq
-    stream = tokens * config.hidden * e
+    stream = tokens * config.model.hidden * e
     sent: dict[str, float] = {}
     pieces = _pieces(config, stage)
     if t > 1:
         r = (t - 1) / t
-        blocks = config.layers // p
+        blocks = config.model.blocks // p
         # summed over tp whole, before fully_shard cuts them
         whole = e * sum(piece for name, _, piece in pieces if tp_dim(name) is None)
         sent["tp"] = (r * stream * (8 * blocks + 2 * first + 2 * last)
@@ -126,6 +126,6 @@ def predicted_sent(config, stage: int) -> dict[str, float]:
         gathered = e * d * sum(held for _, held, _ in pieces)  # padded to d chunks
         sent["dp"] = (d - 1) / d * gathered * ((2 if p == 1 else 1) + 1)
     if p > 1:
-        slice_ = tokens // m * config.hidden * e / t
+        slice_ = tokens // m * config.model.hidden * e / t
         sent["pp"] = m * slice_ * ((not last) + (not first))
     return sent

@@ -1,6 +1,6 @@
 """What every lesson stands on; nothing here is a lesson's subject.
 
-- ``profiles``: every size of the series, one table (``smoke``, ``small``, ``full``).
+- ``flags``: a dataclass as a command line, one described ``--flag`` per field.
 - ``devices``: the one decision of device, backend and dtype; ``timing``: warm-up, repeats,
   mean +- std; ``checks``: snapshots, step comparisons and ``Proof`` (a verdict decided once).
 - ``paths``, ``files`` (atomic writes, verified folders), ``errors``, ``sizes``, ``plotting``,

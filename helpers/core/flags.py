@@ -1,7 +1,7 @@
 """A dataclass as a command line: one described ``--flag`` per field, and back.
 
 Every torchrun worker takes a typed config; these functions make its flags, so that
-``parse(Config, config.args()) == config`` holds by construction and ``--help`` describes
+``parse(Config, prog, flags_of(config)) == config`` holds by construction and ``--help`` describes
 every flag. A field says what it is with :func:`option`::
 
     hidden: int = option(64, "model width (features per position)")
@@ -53,6 +53,8 @@ def _converter(kind: Any, optional: bool):
     origin = typing.get_origin(kind)
     if origin is tuple:
         item = typing.get_args(kind)[0]
+        if typing.get_origin(item) is tuple:  # items that are tuples: "a:1,b:2"
+            item = _pair_converter(typing.get_args(item))
 
         def items(text: str) -> tuple:
             return tuple(item(v) for v in text.split(",") if v.strip())
@@ -70,12 +72,28 @@ def _converter(kind: Any, optional: bool):
     return lambda text: None if text == "none" else convert(text)
 
 
+def _pair_converter(kinds: tuple) -> Any:
+    """One item of a tuple of tuples, ``"gpipe:4"`` for ``tuple[str, int]``."""
+    def pair(text: str) -> tuple:
+        values = text.split(":")
+        try:
+            if len(values) != len(kinds):
+                raise ValueError
+            return tuple(k(v) for k, v in zip(kinds, values, strict=True))
+        except ValueError:
+            form = ":".join(k.__name__ for k in kinds)
+            raise argparse.ArgumentTypeError(
+                f"{text!r}; valid: items of the form {form}, joined by ','") from None
+    return pair
+
+
 def _text(value: Any) -> str:
     """A value as its flag's text (the inverse of ``_converter``)."""
     if value is None:
         return "none"
     if isinstance(value, tuple):
-        return ",".join(map(str, value))
+        return ",".join(":".join(map(str, v)) if isinstance(v, tuple) else str(v)
+                        for v in value)
     return str(value)
 
 

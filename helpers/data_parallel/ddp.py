@@ -21,17 +21,17 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from helpers.comm.collectives import CommCounter
-from helpers.memory.ledger import DeviceMemory
-from helpers.memory.measure import default_loss
-from helpers.memory.saved import SavedTensorMeter
-from helpers.runs.data_parallel.step import (
+from helpers.comm.meter import CommMeter
+from helpers.data_parallel.rank_step import (
     adam,
     named_copy,
     optimizer_state,
     rows_of,
     storage_bytes,
 )
+from helpers.memory.ledger import DeviceMemory
+from helpers.memory.measure import default_loss
+from helpers.memory.saved import SavedTensorMeter
 
 
 @dataclass
@@ -86,7 +86,7 @@ def _timed_step(ddp: DDP, opt, x, y, log: BucketLog) -> dict:
     computed = []
     hooks = [p.register_post_accumulate_grad_hook(lambda p: computed.append(time.perf_counter_ns()))
              for p in ddp.module.parameters()]
-    counter = CommCounter(log.world_size)
+    counter = CommMeter()
     meter = SavedTensorMeter(ddp.module)
     with counter, meter:
         start = time.perf_counter_ns()
@@ -123,11 +123,11 @@ def no_sync_step(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor, *, l
     for k in range(micro_steps):
         x = rows_of(ids, rank, world_size, k, micro_steps)
         y = rows_of(labels, rank, world_size, k, micro_steps)
-        counter = CommCounter(world_size)
+        counter = CommMeter()
         context = ddp.no_sync() if k < micro_steps - 1 else nullcontext()
         with context, counter:
             (default_loss(ddp(x), y) / micro_steps).backward()
-        calls.append(counter.calls["all_reduce"])
+        calls.append(counter.per_collective.calls["all_reduce"])
     opt.step()
     return {"all_reduces": calls, "weights": named_copy(ddp.module.named_parameters())}
 

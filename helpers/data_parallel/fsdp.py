@@ -17,9 +17,9 @@ import copy
 import torch
 from torch import nn
 
-from helpers.comm.collectives import CommCounter
+from helpers.comm.meter import CommMeter
+from helpers.data_parallel.rank_step import adam, named_copy
 from helpers.memory.measure import default_loss
-from helpers.runs.data_parallel.step import adam, named_copy
 
 
 def fsdp_units(model: nn.Module) -> dict[str, list[nn.Module]]:
@@ -48,7 +48,7 @@ def fsdp_step(sharded: nn.Module, x: torch.Tensor, y: torch.Tensor, *, lr: float
               world_size: int) -> dict:
     """One Adam step of a sharded model: output, bytes sent, the whole updated weights."""
     opt = adam(sharded.parameters(), lr)
-    counter = CommCounter(world_size)
+    counter = CommMeter()
     with counter:
         out = sharded(x)
         default_loss(out.float(), y).backward()

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch import nn
 
 from helpers.comm.collectives import all_gather, reduce_scatter
-from helpers.runs.data_parallel.step import adam, optimizer_state, storage_bytes
+from helpers.data_parallel.rank_step import adam, optimizer_state, storage_bytes
 
 STAGES = (1, 2, 3)
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from numbers import Real
 
-from helpers.profiles import get_profile
 from helpers.core.sizes import format_bytes
 from helpers.exercises.feedback import Wrong, answer, checker, given
 from helpers.memory import LLAMA_7B_SHAPE, TransformerShape, estimate_training_memory
+from helpers.profiles import get_profile
 
 # Mixed-precision Adam in the ZeRO paper's accounting: bytes per parameter.
 WEIGHT_BYTES, GRAD_BYTES, STATE_BYTES = 2, 2, 12
@@ -31,7 +31,7 @@ def zero_bytes(params: int, world_size: int, stage: int) -> float:
 
 
 def small_lm_params() -> int:
-    """Parameters of the course's small Llama-shaped model (``tiny_lm``, profile small)."""
+    """Parameters of the course's small Llama (``helpers.models.llama``, profile small)."""
     return TransformerShape.of(get_profile("small").lm.model).parameters()
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from helpers.exercises.feedback import Wrong, answer, checker, given
-from helpers.memory.fits import SCHEDULES, Layout
-from helpers.models.mlp_stack import CHUNKS_PER_RANK, SCHEDULE_NAMES
+from helpers.memory.fits import SCHEDULES, ClusterLayout
 from helpers.pipeline.events import bubble_theory
+from helpers.pipeline.runtime import CHUNKS_PER_RANK, SCHEDULE_NAMES
 from helpers.pipeline.schedule import gpipe_timeline
 from helpers.runs.schedules.report import ideal_timeline
 
@@ -116,7 +116,7 @@ def check_bubble(bubble: Callable[[str, int, int, int], float]) -> str:
 def peak_reference(schedule: str, stages: int, microbatches: int, stage: int,
                    weights: int, activation: int) -> int:
     """Weights plus the in-flight micro-batches' activations at ``stage``'s peak."""
-    layout = Layout(schedule, pp=stages, schedule=schedule)
+    layout = ClusterLayout(schedule, pp=stages, schedule=schedule)
     return weights + layout.in_flight(microbatches)[stage] * activation
 
 

@@ -12,6 +12,13 @@ list of layers is read as it is.
 Data parallelism, ZeRO sharding and activation recomputation are options of the
 transformer estimate (``dp``, ``zero``, ``recompute``); :mod:`helpers.memory.recompute`
 (imported on its own: it loads the timing tools) measures recomputation against it.
+
+Taught (a lesson shows or imports them): ``ledger`` (what a device holds, in bytes),
+``transformer`` (a Llama shape's memory from its sizes), ``cuts`` (stages of equal memory),
+``fits`` (what fits a cluster under each split), ``recompute`` (recomputation, measured),
+``torch_trackers`` (PyTorch's own trackers beside the ledger) and ``plots`` (the ledgers
+drawn). They build on ``estimate``, ``layer_rules``, ``measure``, ``saved``,
+``parameters`` and ``optimizers``.
 """
 
 from helpers.memory.estimate import (
@@ -33,6 +40,8 @@ from helpers.memory.parameters import (
 )
 from helpers.memory.saved import SavedTensorMeter
 from helpers.memory.transformer import LLAMA_7B_SHAPE, LLAMA_70B_SHAPE, TransformerShape
+
+TAUGHT = ("cuts", "fits", "ledger", "plots", "recompute", "torch_trackers", "transformer")
 
 __all__ = [
     "LLAMA_70B_SHAPE",

@@ -15,8 +15,9 @@ SCHEDULES = ("gpipe", "1f1b")
 
 
 @dataclass(frozen=True)
-class Layout:
-    """``tp`` tensor-parallel ranks x ``pp`` pipeline stages x ``dp`` data-parallel ranks.
+class ClusterLayout:
+    """How one training run splits over a cluster's GPUs, for the memory estimate: ``tp``
+    tensor-parallel ranks x ``pp`` pipeline stages x ``dp`` data-parallel ranks.
 
     ``zero`` shards over the ``dp`` ranks (ZeRO stage 0 to 3; FSDP is 3); ``recompute``
     reruns each block's forward in its backward. Plain data parallelism (``zero`` 0)
@@ -57,17 +58,17 @@ class Layout:
 
 
 LAYOUTS = (
-    Layout("data parallel"),
-    Layout("ZeRO-1 8", dp=8, zero=1),
-    Layout("ZeRO-2 8", dp=8, zero=2),
-    Layout("FSDP (ZeRO-3) 8", dp=8, zero=3),
-    Layout("FSDP 8 + recompute", dp=8, zero=3, recompute=True),
-    Layout("FSDP 64", dp=64, zero=3),
-    Layout("FSDP 64 + recompute", dp=64, zero=3, recompute=True),
-    Layout("TP 8", tp=8),
-    Layout("PP 8, GPipe", pp=8, schedule="gpipe"),
-    Layout("PP 8, 1F1B", pp=8),
-    Layout("TP 8 x PP 8, 1F1B", tp=8, pp=8),
+    ClusterLayout("data parallel"),
+    ClusterLayout("ZeRO-1 8", dp=8, zero=1),
+    ClusterLayout("ZeRO-2 8", dp=8, zero=2),
+    ClusterLayout("FSDP (ZeRO-3) 8", dp=8, zero=3),
+    ClusterLayout("FSDP 8 + recompute", dp=8, zero=3, recompute=True),
+    ClusterLayout("FSDP 64", dp=64, zero=3),
+    ClusterLayout("FSDP 64 + recompute", dp=64, zero=3, recompute=True),
+    ClusterLayout("TP 8", tp=8),
+    ClusterLayout("PP 8, GPipe", pp=8, schedule="gpipe"),
+    ClusterLayout("PP 8, 1F1B", pp=8),
+    ClusterLayout("TP 8 x PP 8, 1F1B", tp=8, pp=8),
 )
 
 
@@ -78,7 +79,7 @@ def split_blocks(blocks: int, pp: int) -> list[int]:
     return [blocks // pp + (k < blocks % pp) for k in range(pp)]
 
 
-def per_gpu(shape: TransformerShape, layout: Layout, *, seq: int, micro_batch: int = 1,
+def per_gpu(shape: TransformerShape, layout: ClusterLayout, *, seq: int, micro_batch: int = 1,
             microbatches: int = 32, precision: str = "mixed", optimizer: str = "adam",
             sequence_parallel: bool = False) -> DeviceMemory:
     """The fullest GPU's ledger (the stage with the largest total) under ``layout``
@@ -104,7 +105,7 @@ class Fit:
 
 
 def fits_table(shapes: dict[str, TransformerShape], *, gpu_bytes: int, seq: int,
-               microbatches: int = 32, layouts: tuple[Layout, ...] = LAYOUTS) -> list[Fit]:
+               microbatches: int = 32, layouts: tuple[ClusterLayout, ...] = LAYOUTS) -> list[Fit]:
     """One row per (model, layout): the fullest GPU's ledger and the GPUs the layout spans
     (plain data parallelism adds whole copies: its row is one GPU's)."""
     rows = []

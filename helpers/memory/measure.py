@@ -23,9 +23,21 @@ def default_loss(output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.mse_loss(output, labels)
 
 
+def local(t: torch.Tensor) -> torch.Tensor:
+    """A ``DTensor``'s piece on this rank, and the tensor inside a collective's pending
+    result (``AsyncCollectiveTensor``); a plain tensor is its own."""
+    while True:
+        inner = getattr(t, "_local_tensor", None)
+        inner = getattr(t, "elem", None) if inner is None else inner
+        if not isinstance(inner, torch.Tensor):
+            return t
+        t = inner
+
+
 def nbytes(t: torch.Tensor) -> int:
-    """Bytes of a tensor's elements."""
-    return t.numel() * t.element_size()
+    """Bytes of this rank's piece of ``t`` (of a plain tensor: its elements)."""
+    piece = local(t)
+    return piece.numel() * piece.element_size()
 
 
 def _owner(model: nn.Module, parts: dict[str, nn.Module] | None):

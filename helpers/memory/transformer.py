@@ -52,7 +52,7 @@ class TransformerShape:
 
     @classmethod
     def of(cls, config: object) -> TransformerShape:
-        """From a ``tiny_lm.LMConfig`` (or anything with its field names)."""
+        """From a ``helpers.models.llama.LMConfig`` (or anything with its field names)."""
         return cls(config.hidden, config.blocks, config.heads, config.ffn, config.vocab,
                    getattr(config, "kv_heads", None), getattr(config, "tied", False))
 

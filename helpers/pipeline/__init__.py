@@ -8,10 +8,8 @@ Taught (a lesson shows their source):
   training step, and its proof against ``accumulated_step``; lessons 03 and 04 run this code.
 - ``events``: every stage action of a step, timestamped (``record_actions``).
 
-Running the lessons (used, not read):
-- ``stage_worker`` and ``schedules_worker``: the torchrun entry points of lessons 03 and 04,
-  both built on ``runtime``; ``stage_runs``, ``mlp_stack`` (the lesson 04 model and config)
-  and ``schedules_run``: their typed configs, launches and results.
-- ``timings``, ``speedup``, ``plots`` (lesson 03) and ``timeline`` (lesson 04): measurements,
-  reports and charts.
+The lessons' workers, configs, results and charts are in ``helpers/runs/pipeline`` and
+``helpers/runs/schedules``.
 """
+
+TAUGHT = ("events", "runtime", "schedule", "stage_cuts")

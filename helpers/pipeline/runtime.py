@@ -1,7 +1,8 @@
 """One pipelined training step and its proof, shared by lessons 03 and 04.
 
 Each rank holds one chunk of the model (lesson 03: one ResNet50 stage per rank, GPipe or
-1F1B) or several (lesson 04: interleaved 1F1B and zero bubble, chunks r, r + K, ...).
+1F1B) or several (lesson 04: interleaved 1F1B and zero bubble, chunks r, r + K, ...:
+``rank_chunks``).
 ``build_pipeline`` wraps this rank's chunks in ``PipelineStage`` objects driven by one
 schedule; ``train_step`` runs one optimizer step over all micro-batches; ``prove_step``
 compares that step, on rank 0, with one process accumulating gradients over the same
@@ -33,6 +34,14 @@ SCHEDULES = {
     "interleaved_1f1b": ScheduleInterleaved1F1B,
     "zero_bubble": ScheduleInterleavedZeroBubble,
 }
+SCHEDULE_NAMES = tuple(SCHEDULES)
+# chunks (stages) per rank: the interleaved schedules place two, looping over the ranks twice
+CHUNKS_PER_RANK = {"gpipe": 1, "1f1b": 1, "interleaved_1f1b": 2, "zero_bubble": 2}
+
+
+def rank_chunks(schedule: str, rank: int, ranks: int) -> list[int]:
+    """Global chunk (stage) indices that ``rank`` holds: r, r + K, ... (looped placement)."""
+    return [rank + i * ranks for i in range(CHUNKS_PER_RANK[schedule])]
 
 
 @dataclass(frozen=True)
@@ -61,8 +70,9 @@ def build_pipeline(
 ) -> RankPipeline:
     """This rank's ``chunks`` (of ``total``, already on ``device``) driven by ``schedule``.
 
-    A new ``PipelineStage`` infers its shapes at its first step (one extra micro-batch
-    forward), so a step meant to be measured is never a pipeline's first.
+    A new ``PipelineStage`` infers its tensors' shapes at its first step (it runs the stage
+    on one micro-batch's inputs to learn them), so a step meant to be measured is never a
+    pipeline's first.
     """
     stages = [PipelineStage(module, index, total, device) for index, module in chunks.items()]
     kind = SCHEDULES[schedule]

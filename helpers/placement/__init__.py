@@ -2,6 +2,8 @@
 
 Taught: ``sizing`` (bytes and budgets), ``strategies`` (how "auto", "balanced" and
 "sequential" set the budgets), ``planner`` (the device map, module by module) and
-``offload`` (weights on disk, read back and verified). Running the lesson: ``report``
-(tables and charts) and ``tiny_lm`` (the small Llama-shaped model it places).
+``offload`` (weights on disk, read back and verified). The model it places is
+``helpers.models.llama``; the lesson's tables and charts are in ``helpers/runs/placement``.
 """
+
+TAUGHT = ("offload", "planner", "sizing", "strategies")

@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import importlib
 import sys
+import traceback
 import types
 import typing
 from collections.abc import Callable, Sequence
-from dataclasses import fields, is_dataclass
+from dataclasses import fields, is_dataclass, replace
 from typing import Any, ClassVar, NoReturn, TypeVar
 
 from helpers.core.devices import check_gpu_ranks
@@ -80,6 +81,9 @@ def _record(cls: type, data: dict) -> Any:
 def _dump(value: Any) -> Any:
     """``value`` as JSON-ready data (records by field, tuples as lists)."""
     if is_dataclass(value) and not isinstance(value, type):
+        if (not isinstance(value, Record) and hasattr(value, "as_dict")
+                and hasattr(type(value), "from_dict")):
+            return _dump(value.as_dict())  # read back by its own from_dict (a Ledger, say)
         return {f.name: _dump(getattr(value, f.name)) for f in fields(value) if f.init}
     if isinstance(value, (list, tuple)):
         return [_dump(v) for v in value]
@@ -146,6 +150,11 @@ class RunConfig(Record):
         return parse(cls, f"torchrun --nproc-per-node=N -m {cls.WORKER}", argv,
                      (cls.__doc__ or "").strip().splitlines()[0])
 
+    def read_result(self, data: dict) -> Record:
+        """Rank 0's data as the result of this run; a config whose worker returns one of
+        several result types (``main(...) -> A | B``) overrides it to say which."""
+        return self.result_type().from_dict(data)
+
     @classmethod
     def result_type(cls) -> type[Record]:
         """The worker's result type: the return annotation of ``WORKER``'s ``main``."""
@@ -160,7 +169,8 @@ def launch(config: RunConfig, *, nproc: int | None = None, nnodes: int = 1,
     """Run ``config`` under ``torchrun`` and return rank 0's typed result.
 
     ``nproc``: ranks per node (default: ``config.ranks()``); ``nnodes > 1`` starts one
-    torchrun agent per node on this machine (``helpers.torchrun.multinode``);
+    torchrun agent per node on this machine (``helpers.torchrun.multinode``; a result with
+    a ``node_commands`` field gets the command each node's operator would type);
     ``restarts``: how often torchrun restarts every rank after one fails. Every choice is
     checked here first, so a bad one fails before any process starts.
     """
@@ -169,6 +179,9 @@ def launch(config: RunConfig, *, nproc: int | None = None, nnodes: int = 1,
         raise ValueError(f"nproc={per_node!r}; valid: an integer >= 1")
     if not isinstance(nnodes, int) or nnodes < 1:
         raise ValueError(f"nnodes={nnodes!r}; valid: an integer >= 1")
+    if nnodes > 1 and restarts:
+        raise ValueError(f"restarts={restarts} with nnodes={nnodes}; valid: restarts=0 on "
+                         "several nodes (each node's agent would restart only its own ranks)")
     world = per_node * nnodes
     config.validate(world)
     config.before_launch(world)
@@ -179,24 +192,37 @@ def launch(config: RunConfig, *, nproc: int | None = None, nnodes: int = 1,
         data = multinode.launch_nodes(config.WORKER, config.args(), nnodes=nnodes,
                                       nproc_per_node=per_node, timeout=timeout,
                                       **launcher_options)
-        data.pop("node_commands")
-    return config.result_type().from_dict(data)
+        commands = tuple(data.pop("node_commands"))
+        result = config.read_result(data)
+        if "node_commands" in {f.name for f in fields(result)}:  # each node's command, typed
+            result = replace(result, node_commands=commands)
+        return result
+    return config.read_result(data)
 
 
 def run_worker(module: str, body: Callable[[], int | None]) -> NoReturn:
     """Run a worker's body and end the process; the one way every entry point exits.
 
-    The body's own failures and bad arguments end in one line on stderr (exit code 1).
-    The process then leaves with ``os._exit`` after flushing its output, not through
-    the interpreter's teardown: with torch's C++ threads (gloo's, the store's) still
-    owned by objects that Python destroys in no fixed order at exit, a teardown can
-    destroy a thread object before its thread is joined, which ``std::terminate``s the
-    process ("terminate called without an active exception") after its work is done.
+    The body's own failures and bad arguments end in one line on stderr (exit code 1),
+    any other exception in its traceback (exit code 1), argparse's exits in their code.
+    The process then leaves with ``os._exit`` after flushing its output, never through
+    the interpreter's teardown (``exit_worker``). By then the body has destroyed its
+    process group and rank 0 has written its result, so a teardown would only cost time
+    (about a second per rank with torch imported; torchrun waits for every rank) and
+    risk a crash after the work is done: while Python finalizes, a torch C++ thread that
+    takes the GIL (to free a tensor with a Python reference, say) is ended with
+    ``pthread_exit``, whose unwinding through a destructor calls ``std::terminate``:
+    "terminate called without an active exception" (pytorch/pytorch#38228, #190489).
     """
     try:
         code = body() or 0
     except (TutorialError, ValueError) as error:
         print(f"{module}: error: {error}", file=sys.stderr, flush=True)
+        code = 1
+    except SystemExit as stop:  # argparse: --help (0), a bad flag (2)
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    except BaseException:  # noqa: BLE001 - reported in full, then the one exit path
+        traceback.print_exc()
         code = 1
     exit_worker(code)
 
@@ -205,9 +231,9 @@ def serve(config_type: type[C], main: Callable[[C, Rank], Record | None],
           argv: Sequence[str] | None = None) -> NoReturn:
     """A torchrun worker's entry point: flags to config, join the process group, run
     ``main`` on every rank, rank 0 writes its result for the launcher, exit."""
-    config = config_type.from_args(argv)
 
     def body() -> int:
+        config = config_type.from_args(argv)
         with process_group(config_type.WORKER, device=getattr(config, "device", "auto"),
                            backend=getattr(config, "backend", "auto")) as rank:
             config.validate(rank.world_size)  # on every rank, before any step

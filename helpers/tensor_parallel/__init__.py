@@ -1,20 +1,19 @@
 """Megatron-style tensor parallelism: the source's FFN (lessons 07, 08), a whole Llama (09).
 
-Taught: ``ffn`` (the split: column-parallel fc1, row-parallel fc2), ``comm`` (f and g),
-``block`` (what any tensor-parallel block gives the shard files, the workers and the
-proofs: its split weights, a rank's shard, its DTensor plan, its sizes), ``shards`` (one
-file per rank and split weight, checked on load) and ``proofs`` (the tolerances).
-Running the lessons: ``config`` (the source's flags), ``native`` (its native mode), the
-torchrun entry points ``ffn_worker`` and ``mesh_worker``, ``rank_work`` and ``dtensor`` (what
-a rank does in them), ``runs``
-(their launches) and ``results`` (the typed results the workers return).
+The FFN, taught: ``ffn`` (the split: column-parallel fc1, row-parallel fc2),
+``mappings`` (f and g, Megatron-LM's communication operators), ``block`` (what any
+tensor-parallel block provides: its split weights, a rank's shard, its DTensor plan),
+``shards`` (one file per rank and split weight, checked on load), ``proofs`` (how close a
+split result must be, and why), ``rank_work`` (what each rank does: the timed forward,
+the proven training step) and ``dtensor`` (the same FFN through ``parallelize_module``).
 
-Lesson 09, the whole small Llama. Taught: ``attention_shards`` (heads dealt to ranks),
-``transformer_block`` (a block's shards, f and g or their sequence-parallel forms),
-``vocab`` (the vocab-parallel embedding and cross-entropy, padding), ``sequence`` (f and g
-along the sequence), ``llama`` (the whole model's split), ``native_llama`` (the same with
-``parallelize_module``). Running it: ``llama_step`` (one SGD step, one process or one
-rank, compared), the torchrun entry point ``block_worker`` with ``llama_config`` (its
-flags) and ``llama_results`` (its typed result and the predictions), ``llama_runs``,
-``llama_timing`` (time inside collectives), ``llama_report`` (tables, charts).
+The whole small Llama, taught: ``transformer_block`` (a block's shards with f and g or
+their sequence-parallel forms), ``vocab`` (the vocab-parallel embedding and
+cross-entropy), ``sequence`` (f and g along the sequence), ``llama`` (the whole model's
+split) and ``plans`` (the same with ``parallelize_module``); they build on
+``attention_shards`` (heads dealt to ranks). The lessons' launches, workers and results
+are in ``helpers/runs/tp_ffn`` and ``helpers/runs/tp_llama``.
 """
+
+TAUGHT = ("block", "dtensor", "ffn", "llama", "mappings", "plans", "proofs", "rank_work",
+          "sequence", "shards", "transformer_block", "vocab")

@@ -4,33 +4,36 @@ Every rank builds the source's FFN (``torch.manual_seed(seed)``) and ``paralleli
 shards it over a 1-D ``DeviceMesh`` with the block's ``plan()``: ``ColwiseParallel`` on fc1,
 ``RowwiseParallel`` on fc2. Each rank checks that its local weight shards equal the
 hand-made shard files, and that the output equals the hand-made ``g(shard(f(x)))``.
-``ffn_worker --dtensor`` runs it after its own proofs, in the same processes.
+Lesson 08's worker runs it after its own proofs, in the same processes (``dtensor=True``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from helpers.core.checks import Proof
 from helpers.core.timing import Timing, measure
-from helpers.runs.tp_ffn.config import DemoConfig, build_model
 from helpers.tensor_parallel.mappings import tp_forward
 from helpers.tensor_parallel.proofs import output_tolerance
 from helpers.torchrun.ranks import Rank, max_over_ranks
 
+if TYPE_CHECKING:
+    from helpers.tensor_parallel.rank_work import TPFFNConfig
+
 
 def prove_parallelize_module(
-    config: DemoConfig, rank: Rank, hand: nn.Module, x: torch.Tensor
+    config: TPFFNConfig, rank: Rank, hand: nn.Module, x: torch.Tensor
 ) -> DTensorRun:
     """Shard with ``parallelize_module``, compare with this rank's hand-made shard ``hand``."""
     from torch.distributed.device_mesh import init_device_mesh  # imported when used: slow
     from torch.distributed.tensor.parallel import parallelize_module
 
     mesh = init_device_mesh(rank.device.type, (rank.world_size,))
-    model = build_model(config).to(rank.device, x.dtype).eval()
+    model = config.model().to(rank.device, x.dtype).eval()
     parallelize_module(model, mesh, model.plan())
     split = {s.tensor: model.get_parameter(s.tensor) for s in model.splits()}
     same = all(torch.equal(w.to_local(), hand.get_parameter(n)) for n, w in split.items())
@@ -52,7 +55,8 @@ def prove_parallelize_module(
 
 @dataclass(frozen=True)
 class DTensorRun:
-    """``parallelize_module`` on the ranks against the hand-made shards (rank 0's view)."""
+    """``parallelize_module`` on the ranks against the hand-made shards (rank 0's view);
+    a launch's result carries it as its fields (``helpers.runs.contract.Record``)."""
 
     world_size: int
     backend: str
@@ -64,27 +68,6 @@ class DTensorRun:
     @property
     def ok(self) -> bool:
         return self.shards_equal_files and self.vs_hand.ok
-
-    def as_dict(self) -> dict:
-        return {
-            "world_size": self.world_size,
-            "backend": self.backend,
-            "local": [[n, p, list(s)] for n, p, s in self.local],
-            "shards_equal_files": self.shards_equal_files,
-            "vs_hand": self.vs_hand.as_dict(),
-            "times_s": self.timing.times,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict) -> DTensorRun:
-        return cls(
-            d["world_size"],
-            d["backend"],
-            tuple((n, p, tuple(s)) for n, p, s in d["local"]),
-            d["shards_equal_files"],
-            Proof.from_dict(d["vs_hand"]),
-            Timing("parallelize_module", d["times_s"]),
-        )
 
     def report(self) -> str:
         local = ", ".join(f"{n} {p} local {list(s)}" for n, p, s in self.local)

@@ -14,11 +14,7 @@ width of its (now local) projections.
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
-
 from helpers.models.llama import TinyLM
-from helpers.runs.tp_llama.step import StepState
 
 
 def llama_plans(sequence_parallel: bool) -> tuple[dict, dict]:
@@ -56,39 +52,3 @@ def parallelize_llama(model: TinyLM, mesh, *, sequence_parallel: bool) -> TinyLM
     for each in model.blocks:
         parallelize_module(each, mesh, block)
     return model
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local shard (a replicated one's whole value); a plain tensor as it is."""
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
-def _like(grad: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
-    """A gradient laid out as its parameter: a replicated norm weight's gradient comes back
-    ``Partial`` (each rank's sum over its own tokens) until it is redistributed."""
-    if hasattr(grad, "redistribute") and grad.placements != param.placements:
-        return grad.redistribute(param.device_mesh, param.placements)
-    return grad
-
-
-def native_step(model: TinyLM, ids: torch.Tensor, targets: torch.Tensor, lr: float) -> StepState:
-    """One SGD step of a parallelized model: ``F.cross_entropy`` under ``loss_parallel`` on
-    the vocabulary-sharded logits; what this rank holds (local shards) afterwards."""
-    from torch.distributed.tensor.parallel import loss_parallel
-
-    logits = model(ids)
-    with loss_parallel():
-        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
-        loss.backward()
-    grads = {n: _local(_like(p.grad, p)).detach().clone() for n, p in model.named_parameters()}
-    with torch.no_grad():
-        for p in model.parameters():
-            p -= lr * p.grad
-    weights = {n: _local(p).detach().clone() for n, p in model.named_parameters()}
-    return StepState(_local(logits).detach(), _local(loss).item(), grads, weights)
-
-
-def placements(model: TinyLM) -> dict[str, str]:
-    """Each parameter's placement on the mesh (``replicated`` for a plain tensor)."""
-    return {n: str(getattr(p, "placements", ("replicated",))[0]) for n, p in
-            model.named_parameters()}

@@ -12,24 +12,39 @@ launch (``helpers.torchrun.ranks.first_ranks``).
 from __future__ import annotations
 
 import copy
+from pathlib import Path
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from helpers.core.checks import Proof
-from helpers.profiles import FFNSizes
 from helpers.core.timing import Timing, synchronized_clock
 from helpers.memory.ledger import Ledger
 from helpers.memory.measure import measure_training_memory
-from helpers.runs.tp_ffn.config import DemoConfig, build_model
-from helpers.runs.tp_ffn.results import TrainStep, WideRun
+from helpers.profiles import FFNSizes
 from helpers.tensor_parallel.block import cut, shard_vs_full
 from helpers.tensor_parallel.ffn import FeedForward, make_input
 from helpers.tensor_parallel.mappings import f, g, tp_forward
 from helpers.tensor_parallel.proofs import output_tolerance
 from helpers.tensor_parallel.shards import load_shard
 from helpers.torchrun.ranks import Rank, max_over_ranks
+
+
+class TPFFNConfig(Protocol):
+    """What a rank needs to know of its launch: the source's sizes, model, input, shards."""
+
+    hidden_size: int
+    seq_len: int
+    batch_size: int
+    seed: int
+    iters: int
+    warmup: int
+
+    def model(self, activation: str = "none") -> FeedForward: ...
+    def input_batch(self, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor: ...
+    def folder(self, world_size: int) -> Path: ...
 
 
 def timed_forward(shard: nn.Module, x: torch.Tensor, iters: int, warmup: int, group=None):
@@ -50,21 +65,23 @@ def timed_forward(shard: nn.Module, x: torch.Tensor, iters: int, warmup: int, gr
     return out, Timing("compute", compute), Timing("all-reduce", reduce), Timing("step", total)
 
 
-def native_diff(config: DemoConfig, rank: Rank, out: torch.Tensor) -> tuple[float, float]:
+def native_diff(config: TPFFNConfig, rank: Rank, out: torch.Tensor) -> tuple[float, float]:
     """(max |out - native| over all ranks and elements, tolerance); native recomputed here."""
     dtype = out.dtype
-    native = build_model(config).to(rank.device, dtype).eval()
+    native = config.model().to(rank.device, dtype).eval()
     with torch.no_grad():
         reference = native(config.input_batch(dtype, rank.device))
     diff = (out.double() - reference.double()).abs().max().item()
     return max_over_ranks(diff, rank), output_tolerance(reference, dtype, rank.world_size)
 
 
-def train_step_check(config: DemoConfig, rank: Rank, activation: str, lr: float) -> TrainStep:
-    """One float32 SGD step through f and g vs the same step of the full model in one process."""
+def train_step_check(config: TPFFNConfig, rank: Rank, activation: str, lr: float
+                     ) -> tuple[float, tuple[Proof, ...]]:
+    """One float32 SGD step through f and g vs the same step of the full model in one process:
+    (the loss, the proofs)."""
     folder = config.folder(rank.world_size)
     shard = load_shard(folder, rank.world_size, rank.rank, activation=activation).to(rank.device)
-    full = build_model(config, activation).to(rank.device)
+    full = config.model(activation).to(rank.device)
     target = torch.randn(
         config.batch_size, config.seq_len, config.hidden_size,
         generator=torch.Generator().manual_seed(config.seed + 1),
@@ -96,7 +113,7 @@ def train_step_check(config: DemoConfig, rank: Rank, activation: str, lr: float)
         Proof(what, max_over_ranks(diff, rank), output_tolerance(ref, torch.float32, p))
         for what, diff, ref in measured
     )
-    return TrainStep(activation, lr, loss.item(), proofs)
+    return loss.item(), proofs
 
 
 class TensorParallelFFN(nn.Module):
@@ -110,7 +127,7 @@ class TensorParallelFFN(nn.Module):
         return tp_forward(self.shard, x, self.group)
 
 
-def rank_memory(config: DemoConfig, rank: Rank, shard: nn.Module) -> Ledger:
+def rank_memory(config: TPFFNConfig, rank: Rank, shard: nn.Module) -> Ledger:
     """This rank's ledger for one float32 SGD step of ``g(shard(f(x)))`` with an MSE loss.
 
     ``helpers.memory.measure_training_memory`` on the rank's own process: what this rank
@@ -122,8 +139,10 @@ def rank_memory(config: DemoConfig, rank: Rank, shard: nn.Module) -> Ledger:
     return measure_training_memory(model, x, target)
 
 
-def wide_timing(sizes: FFNSizes, rank: Rank, dtype: torch.dtype, seed: int) -> WideRun:
-    """The FFN at ``sizes``, cut in memory on every rank, timed like the lesson's and proven.
+def wide_timing(sizes: FFNSizes, rank: Rank, dtype: torch.dtype, seed: int
+                ) -> tuple[Proof, Timing, Timing, Timing]:
+    """The FFN at ``sizes``, cut in memory on every rank, timed like the lesson's and proven:
+    (the output's proof, compute, all-reduce and step timings).
 
     Rank 0 also computes the whole FFN in one piece and compares: every rank holds the same
     output after g's all-reduce.
@@ -140,4 +159,4 @@ def wide_timing(sizes: FFNSizes, rank: Rank, dtype: torch.dtype, seed: int) -> W
             reference = full(x)
         diff = (out.double() - reference.double()).abs().max().item()
         tol = output_tolerance(reference, dtype, rank.world_size)
-    return WideRun(sizes, Proof("output", diff, tol), compute, reduce, total)
+    return Proof("output", diff, tol), compute, reduce, total

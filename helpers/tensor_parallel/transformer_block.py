@@ -1,4 +1,5 @@
-"""One Llama block (``tiny_lm.Block`` with GQA and RoPE) split the Megatron-LM way over ``tp`` ranks, by hand.
+"""One Llama block (``helpers.models.llama.Block`` with GQA and RoPE) split the Megatron-LM
+way over ``tp`` ranks, by hand.
 
 Attention splits by heads: q, k and v are column-parallel (a rank keeps the rows of
 its query and key/value heads), o is row-parallel (the matching input columns). The

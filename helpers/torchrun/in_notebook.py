@@ -23,7 +23,7 @@ def gloo_group(store: dist.Store, rank: int, world_size: int,
                timeout: float) -> dist.ProcessGroup:
     """A gloo group as ``init_process_group`` builds one: a ``ProcessGroup`` in front of the
     gloo backend, so that its collectives pass through PyTorch's dispatcher (where
-    ``helpers.comm.collectives.CommCounter`` counts them)."""
+    ``helpers.comm.meter.CommMeter`` counts them)."""
     backend = dist.ProcessGroupGloo(store, rank, world_size, datetime.timedelta(seconds=timeout))
     group = dist.ProcessGroup(store, rank, world_size)
     group._set_default_backend(dist.ProcessGroup.BackendType.GLOO)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import NoReturn
@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from helpers.core.devices import plan_devices
-from helpers.core.errors import NotUnderTorchrunError, TutorialError
+from helpers.core.errors import NotUnderTorchrunError
 from helpers.core.files import atomic_write_json
 from helpers.torchrun.lifeline import die_with_parent
 
@@ -143,16 +143,6 @@ def write_result(rank: Rank, result: dict) -> None:
     path = os.environ.get(RESULT_ENV)
     if rank.rank == 0 and path:
         atomic_write_json(path, result)
-
-
-def worker_main(module: str, run: Callable[[], object]) -> int:
-    """Run a worker's body; its own failures and bad arguments end in one line on stderr."""
-    try:
-        run()
-    except (TutorialError, ValueError) as error:
-        print(f"{module}: error: {error}", file=sys.stderr, flush=True)
-        return 1
-    return 0
 
 
 def exit_worker(code: int) -> NoReturn:

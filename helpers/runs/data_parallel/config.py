@@ -1,59 +1,71 @@
-"""Lesson 06's contract with its torchrun worker: a ``DataParallelConfig`` in.
+"""Lesson 06's launch: a ``DataParallelConfig`` in, as flags (``--help`` describes each).
 
-The worker (``helpers.runs.data_parallel.worker``) reads it from one ``--config`` argument (JSON)
-and answers with a ``DataParallelResult`` (``helpers.runs.data_parallel.results``).
+``torchrun --nproc-per-node=2 -m helpers.runs.data_parallel.worker --model-vocab ...
+--batch ... --seq ...``; the answer is a ``DataParallelResult`` (``results``).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
+from typing import ClassVar, Literal
 
+from helpers.core.flags import option
+from helpers.models.llama import LMConfig
 from helpers.profiles import Profile
-from helpers.models.llama import LMConfig, lm_config
+from helpers.runs.contract import RunConfig
 
-WORKER = "helpers.runs.data_parallel.worker"
+DEVICES = ("auto", "cpu", "cuda")
+RANKS = 2  # the lesson's data-parallel ranks: one process each, one core each
 
 
 @dataclass(frozen=True)
-class DataParallelConfig:
-    """One launch: the model, the global batch, and what to measure."""
+class DataParallelConfig(RunConfig):
+    """Lesson 06's launch: the collectives, then DDP, ZeRO-1/2/3 and FSDP2 proven.
 
-    vocab: int
-    hidden: int
-    blocks: int
-    batch: int  # sequences per step, over all ranks
-    seq: int
-    accumulation: int = 2  # micro-steps per step in the no_sync proof
-    bucket_cap_mb: float = 2.0
-    collective_sizes: tuple[int, ...] = (2**12, 2**16, 2**20, 2**22)  # bytes, full tensor
-    repeats: int = 5
-    collective_repeats: int = 10  # calls per timed round of a collective (back to back)
-    warmup: int = 2
-    lr: float = 1e-3
-    device: str = "auto"  # "cpu" (gloo), "cuda" (NCCL), or "auto"
-    steps: int = 3  # timed DDP steps (the overlap is read off the last)
+    One Adam step of the small Llama under each, from the same weights, against one
+    process on the whole batch."""
+
+    WORKER: ClassVar[str] = "helpers.runs.data_parallel.worker"
+
+    model: LMConfig = option(help="the small Llama every rank trains (lesson 05's shape)")
+    batch: int = option(help="sequences per training step, over all ranks")
+    seq: int = option(help="tokens per sequence")
+    accumulation: int = option(2, "micro-batches per rank in the no_sync proof")
+    bucket_cap_mb: float = option(2.0, "DDP's bucket size (MB)")
+    collective_sizes: tuple[int, ...] = option(
+        (2**12, 2**16, 2**20, 2**22), "bytes of the full tensor each collective is timed at")
+    repeats: int = option(5, "timed rounds per collective and size (the median is kept)")
+    collective_repeats: int = option(10, "calls per timed round of a collective, back to back")
+    warmup: int = option(2, "untimed calls per collective and size before the timed rounds")
+    lr: float = option(1e-3, "Adam's learning rate in every run")
+    device: Literal["auto", "cpu", "cuda"] = option(
+        "auto", "cpu (gloo), cuda (NCCL, one GPU per rank), or auto")
+    steps: int = option(3, "timed DDP steps after the first (the overlap is read off the last)")
 
     @classmethod
     def for_profile(cls, profile: Profile, **changes: object) -> DataParallelConfig:
-        """The lesson's launch for a profile: its small Llama and batch."""
-        lm = profile.lm
-        dp = profile.data_parallel
-        return cls(vocab=lm.vocab, hidden=lm.hidden, blocks=lm.blocks, batch=dp.batch,
-                   seq=lm.seq, accumulation=dp.accumulation, bucket_cap_mb=dp.bucket_cap_mb,
-                   collective_sizes=dp.collective_sizes, repeats=profile.repeats,
-                   warmup=profile.warmup, **changes)
+        """The lesson's launch for a profile: its small Llama and batch, then ``changes``."""
+        lm, dp = profile.lm, profile.data_parallel
+        return cls(**{"model": lm.model, "batch": dp.batch, "seq": lm.seq,
+                      "accumulation": dp.accumulation, "bucket_cap_mb": dp.bucket_cap_mb,
+                      "collective_sizes": dp.collective_sizes, "repeats": profile.repeats,
+                      "warmup": profile.warmup, **changes})
 
-    @property
-    def lm(self) -> LMConfig:
-        """The model: MLP 4x hidden, 64 channels per head (lesson 05's shape)."""
-        return lm_config(self.vocab, self.hidden, self.blocks)
+    def ranks(self) -> int:
+        """The lesson's 2 ranks."""
+        return RANKS
 
     def validate(self, world_size: int) -> DataParallelConfig:
         """Raise ValueError naming the first bad choice and what would be valid."""
-        if not isinstance(world_size, int) or world_size < 1:
-            raise ValueError(f"world_size={world_size!r}; valid: an integer >= 1")
+        super().validate(world_size)
+        for name, least in (("batch", 1), ("seq", 1), ("accumulation", 1), ("repeats", 1),
+                            ("collective_repeats", 1), ("warmup", 0), ("steps", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name}={value!r}; valid: an integer >= {least}")
+        if not self.collective_sizes or min(self.collective_sizes) < 1:
+            raise ValueError(f"collective_sizes={self.collective_sizes!r}; valid: one or more "
+                             "sizes in bytes, each >= 1")
         if self.batch % world_size:
             valid = [n for n in range(1, self.batch + 1) if self.batch % n == 0]
             raise ValueError(f"a batch of {self.batch} sequences does not split over "
@@ -62,24 +74,6 @@ class DataParallelConfig:
         if per_rank % self.accumulation:
             raise ValueError(f"accumulation={self.accumulation} micro-steps of a rank's "
                              f"{per_rank} sequences; valid: a divisor of {per_rank}")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"device={self.device!r}; valid choices: auto, cpu, cuda")
+        if self.device not in DEVICES:
+            raise ValueError(f"device={self.device!r}; valid choices: {', '.join(DEVICES)}")
         return self
-
-    def args(self) -> list[str]:
-        """The worker's command line."""
-        return ["--config", json.dumps(asdict(self))]
-
-    @classmethod
-    def from_args(cls, argv: list[str] | None = None) -> DataParallelConfig:
-        """The inverse of :meth:`args`."""
-        p = argparse.ArgumentParser(description=f"torchrun -m {WORKER}")
-        p.add_argument("--config", required=True, help="the DataParallelConfig as JSON")
-        data = json.loads(p.parse_args(argv).config)
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown config fields {unknown}; valid: {sorted(known)}")
-        data["collective_sizes"] = tuple(data.get("collective_sizes", cls.collective_sizes))
-        return cls(**data)
-

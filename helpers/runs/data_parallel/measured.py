@@ -3,11 +3,13 @@ sharded parameter."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+
+from helpers.runs.contract import Record
 
 
 @dataclass(frozen=True)
-class TrackedMemory:
+class TrackedMemory(Record):
     """``FSDPMemTracker``'s own peak per category on rank 0 (bytes), for one FSDP2 step."""
 
     sharded_params: int = 0
@@ -23,13 +25,14 @@ class TrackedMemory:
     buffers: int = 0
 
     @classmethod
-    def from_dict(cls, data: dict[str, int]) -> TrackedMemory:
-        known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in data.items() if k in known})
+    def of(cls, peaks: dict[str, int]) -> TrackedMemory:
+        """The tracker's own peaks, its categories that are not fields here left out."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in peaks.items() if k in known})
 
 
 @dataclass(frozen=True)
-class ShardedParameter:
+class ShardedParameter(Record):
     """One parameter as FSDP2 holds it on rank 0."""
 
     name: str
@@ -40,12 +43,13 @@ class ShardedParameter:
     dtype: str
 
     def line(self) -> str:
+        """What FSDP2 made of the parameter, in one line."""
         return (f"{self.name}: a {self.type} with placements {self.placements}, {self.dtype}; "
                 f"rank 0 holds {self.local_shape} of {self.global_shape}")
 
 
 @dataclass(frozen=True)
-class BucketSpan:
+class BucketSpan(Record):
     """One DDP bucket of the timed step: its parameters, bytes and all-reduce times (ns
     from the step's start)."""
 
@@ -57,7 +61,7 @@ class BucketSpan:
 
 
 @dataclass(frozen=True)
-class Timeline:
+class Timeline(Record):
     """DDP's last timed step on rank 0: the backward, and each bucket's all-reduce."""
 
     backward_start_ns: int
@@ -67,6 +71,7 @@ class Timeline:
 
     @property
     def comm_s(self) -> float:
+        """All-reduce time summed over the buckets (each from its start to its end)."""
         return sum(b.end_ns - b.start_ns for b in self.buckets) / 1e9
 
     @property

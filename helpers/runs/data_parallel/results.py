@@ -1,6 +1,7 @@
 """Lesson 06's typed result: what the worker measured, and every verdict, decided here once.
 
 Tolerances (float32 unless said):
+- the collectives: exact (``COLLECTIVE_TOLERANCE``), the same integers summed;
 - outputs and gradients: ``PROOF_TOLERANCE``, the same sums in another order; the hand
   ZeRO stages against DDP and FSDP2 against the hand ZeRO-3 too (with 2 ranks these are
   the same sums in the same order: they agree exactly);
@@ -9,7 +10,8 @@ Tolerances (float32 unless said):
   weights are a weaker test than the gradients, which carry the scale;
 - ``bfloat16`` weights (FSDP2's mixed precision): outputs and gradients within
   ``BF16_RELATIVE_TOLERANCE`` of the float32 ones, relative to the whole tensor's norm:
-  eight times bfloat16's relative spacing 2^-8, for a few dozen roundings in a row.
+  eight times bfloat16's relative spacing 2^-8, for a few dozen roundings in a row; its
+  weights within ``2 lr`` of the float32 step (:func:`bf16_weights_tolerance`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from helpers.core.sizes import format_bytes
 from helpers.memory.estimate import estimate_transformer
 from helpers.memory.ledger import DeviceMemory, Ledger
 from helpers.memory.transformer import TransformerShape
+from helpers.runs.contract import Record
 from helpers.runs.data_parallel.config import DataParallelConfig
 from helpers.runs.data_parallel.measured import (
     BucketSpan,
@@ -32,6 +35,7 @@ from helpers.runs.data_parallel.measured import (
 
 PROOF_TOLERANCE = 1e-6
 BF16_RELATIVE_TOLERANCE = 2**-5
+COLLECTIVE_TOLERANCE = 0.0  # a collective's result equals the local computation exactly
 ZERO_STAGE = {"DDP": 0, "ZeRO-1": 1, "ZeRO-2": 2, "ZeRO-3": 3}  # the runs with a ledger
 # bytes each run sends per step, in all-reduces of the float32 weights (the ring formula):
 # reduce-scatter + all-gather = 1; ZeRO-3 and FSDP2 gather twice (forward, backward) = 1.5;
@@ -40,8 +44,61 @@ ALL_REDUCES_PER_STEP = {"DDP": 1.0, "ZeRO-1": 1.0, "ZeRO-2": 1.0, "ZeRO-3": 1.5,
                         "FSDP2 no reshard": 1.0, "FSDP2 bf16": 1.0}
 
 
+def weights_tolerance(lr: float) -> float:
+    """Float32 weights after one Adam step: ``lr / 10`` (see the module's docstring)."""
+    return lr / 10
+
+
+def bf16_weights_tolerance(lr: float) -> float:
+    """bfloat16 weights after one Adam step: ``2 lr``, one step from the same start (a
+    gradient whose sign bfloat16 flipped moves its weight the other way)."""
+    return 2 * lr
+
+
+# -- the proofs, made once here from what the ranks measured (max |diff| over ranks) ------
+def collective_check(name: str, diff: float) -> Proof:
+    """A collective's result on every rank against the local computation: exact."""
+    return Proof(name, diff, COLLECTIVE_TOLERANCE)
+
+
+def step_proofs(lr: float, *, output: float, grads: float, weights: float) -> list[Proof]:
+    """One run's step against one process on the whole batch."""
+    return [Proof("output", output, PROOF_TOLERANCE), Proof("grads", grads, PROOF_TOLERANCE),
+            Proof("weights", weights, weights_tolerance(lr))]
+
+
+def zero_proofs(lr: float, *, grads: float, weights: float, output_vs_ddp: float,
+                weights_vs_ddp: float) -> list[Proof]:
+    """A hand ZeRO stage: its gradient slices and weights against one process, its output
+    and weights against DDP's."""
+    return [Proof("grads", grads, PROOF_TOLERANCE),
+            Proof("weights", weights, weights_tolerance(lr)),
+            Proof("output = DDP", output_vs_ddp, PROOF_TOLERANCE),
+            Proof("weights = DDP", weights_vs_ddp, PROOF_TOLERANCE)]
+
+
+def fsdp_proofs(lr: float, *, output: float, grads: float, weights: float,
+                weights_vs_zero3: float) -> list[Proof]:
+    """FSDP2 in float32: against one process, and weight for weight against the hand ZeRO-3."""
+    return [*step_proofs(lr, output=output, grads=grads, weights=weights),
+            Proof("weights = ZeRO-3", weights_vs_zero3, PROOF_TOLERANCE)]
+
+
+def bf16_proofs(lr: float, *, output: float, grads: float, weights: float) -> list[Proof]:
+    """FSDP2 in bfloat16: outputs and gradients relative to each tensor's norm, weights
+    within :func:`bf16_weights_tolerance` of the float32 step."""
+    return [Proof("output (rel.)", output, BF16_RELATIVE_TOLERANCE),
+            Proof("grads (rel.)", grads, BF16_RELATIVE_TOLERANCE),
+            Proof("weights", weights, bf16_weights_tolerance(lr))]
+
+
+def no_sync_proof(lr: float, weights: float) -> Proof:
+    """DDP with ``no_sync()`` accumulation: its weights against one process."""
+    return Proof("weights", weights, weights_tolerance(lr))
+
+
 @dataclass(frozen=True)
-class Run:
+class Run(Record):
     """One technique's step on rank 0: what it held, what it sent, how it compares."""
 
     name: str
@@ -53,15 +110,17 @@ class Run:
 
     @property
     def total_sent(self) -> float:
+        """Bytes this rank sent, every collective together."""
         return float(sum(self.sent.values()))
 
     @property
     def ok(self) -> bool:
+        """Every proof of the run holds."""
         return all(p.ok for p in self.proofs)
 
 
 @dataclass(frozen=True)
-class DataParallelResult:
+class DataParallelResult(Record):
     """Everything lesson 06's launch measured (rank 0's view; verdicts over all ranks)."""
 
     config: DataParallelConfig
@@ -74,66 +133,15 @@ class DataParallelResult:
     timings: dict[str, list[tuple[int, float, list[float]]]]  # (bytes, sent, times) per size
     runs: dict[str, Run]
     first_step_buckets: int
-    buckets: list[BucketSpan]
     timeline: Timeline
     no_sync_all_reduces: list[int]
     no_sync_proof: Proof
     fsdp_parameter: ShardedParameter | None = None
 
-    # -- reading the worker's JSON -----------------------------------------------------
-    @classmethod
-    def from_dict(cls, data: dict) -> DataParallelResult:
-        config = DataParallelConfig(**{**data["config"], "collective_sizes": tuple(
-            data["config"]["collective_sizes"])})
-        lr = config.lr
-        weights_tol = lr / 10
-        ddp, runs = data["ddp"], {}
-
-        def proofs(diffs: dict, weights: float = weights_tol) -> list[Proof]:
-            tol = {"output": PROOF_TOLERANCE, "grads": PROOF_TOLERANCE, "weights": weights}
-            return [Proof(k, v, tol[k]) for k, v in diffs.items()]
-
-        runs["DDP"] = Run("DDP", ddp["comm"]["sent"], ddp["comm"]["calls"],
-                          proofs(ddp["diffs"]), _memory(ddp["ledger"]))
-        for stage, z in data["zero"].items():
-            checks = [Proof("grads", z["grads_vs_one_process"], PROOF_TOLERANCE),
-                      Proof("weights", z["vs_one_process"], weights_tol),
-                      Proof("output = DDP", z["vs_ddp"]["output"], PROOF_TOLERANCE),
-                      Proof("weights = DDP", z["vs_ddp"]["weights"], PROOF_TOLERANCE)]
-            name = f"ZeRO-{stage}"
-            runs[name] = Run(name, z["comm"]["sent"], z["comm"]["calls"], checks,
-                             _memory(z["ledger"]))
-        names = {"reshard": "FSDP2", "keep": "FSDP2 no reshard", "bf16": "FSDP2 bf16"}
-        for key, f in data["fsdp"].items():
-            if key == "bf16":
-                checks = [Proof("output (rel.)", f["relative"]["output"], BF16_RELATIVE_TOLERANCE),
-                          Proof("grads (rel.)", f["relative"]["grads"], BF16_RELATIVE_TOLERANCE),
-                          Proof("weights", f["diffs"]["weights"], 2 * lr)]
-            else:
-                diffs = {k: v for k, v in f["diffs"].items() if k != "zero3_weights"}
-                checks = [*proofs(diffs),
-                          Proof("weights = ZeRO-3", f["diffs"]["zero3_weights"], PROOF_TOLERANCE)]
-            runs[names[key]] = Run(names[key], f["comm"]["sent"], f["comm"]["calls"], checks,
-                                   tracker=TrackedMemory.from_dict(f["tracker"]))
-        t = ddp["timeline"]
-        spans = [BucketSpan(b["index"], b["bytes"], b["params"], b["start_ns"], b["end_ns"])
-                 for b in t["buckets"]]
-        timings = {name: [(row["bytes"], row["sent_bytes"], row["times_s"]) for row in rows]
-                   for name, rows in data["collectives"]["timings"].items()}
-        return cls(
-            config=config, world_size=data["world_size"], backend=data["backend"],
-            reason=data["reason"], parameters=data["parameters"],
-            parameter_tensors=data["parameter_tensors"],
-            collective_checks=[Proof(n, v, 0.0) for n, v in
-                               data["collectives"]["checks"].items()],
-            timings=timings, runs=runs, first_step_buckets=ddp["first_buckets"],
-            buckets=spans,
-            timeline=Timeline(t["backward_start_ns"], t["compute_end_ns"],
-                              t["backward_end_ns"], spans),
-            no_sync_all_reduces=ddp["no_sync"]["all_reduces"],
-            no_sync_proof=Proof("weights", ddp["no_sync"]["weights_diff"], weights_tol),
-            fsdp_parameter=ShardedParameter(**data["fsdp"]["reshard"]["parameter"]),
-        )
+    @property
+    def buckets(self) -> list[BucketSpan]:
+        """DDP's buckets from its second step on, in the order they were all-reduced."""
+        return self.timeline.buckets
 
     # -- derived numbers -----------------------------------------------------------------
     @property
@@ -194,7 +202,7 @@ class DataParallelResult:
     def predicted_ledgers(self) -> Ledger:
         """The same rows as :meth:`measured_ledgers`, predicted from the model's shape by
         ``helpers.memory``'s estimator (``dp`` ranks, ZeRO ``zero``)."""
-        shape = TransformerShape.of(self.config.lm)
+        shape = TransformerShape.of(self.config.model)
         per_rank = self.config.batch // self.world_size
         rows = {}
         for name, stage in ZERO_STAGE.items():
@@ -217,6 +225,3 @@ class DataParallelResult:
                          + (f"  {run.total_sent / one:.2f}" if one else "  -"))
         return "\n".join(lines)
 
-
-def _memory(d: dict) -> DeviceMemory:
-    return DeviceMemory(d["weights"], d["grads"], d["optimizer_state"], d["activations"])

@@ -1,79 +1,102 @@
-"""The 3-D trainer's typed config: the layout, the model, the batch and the run."""
+"""What lesson 10's launches run: one layout (``TrainerConfig``), or every layout at once
+(``SuiteConfig``); both share the model, the batch and the run (``ModelRun``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any, ClassVar, Literal, TypeVar
 
 import torch
 
+from helpers.composed.checkpoint import check, latest
 from helpers.composed.layout import Layout
-from helpers.core.flags import flags_of, parse
+from helpers.core.flags import option
+from helpers.core.paths import results_path
 from helpers.models.llama import LMConfig
+from helpers.profiles import Profile, llama
+from helpers.runs.contract import Record, RunConfig
 
-WORKER = "helpers.runs.llama_3d.worker"
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 DEVICES = ("auto", "cpu", "cuda")
+LAYOUTS = (Layout(), Layout(dp=2), Layout(tp=2), Layout(pp=2), Layout(dp=2, tp=2),
+           Layout(pp=2, tp=2), Layout(pp=2, dp=2, tp=2))
+THREE_D, TWO_D = Layout(pp=2, dp=2, tp=2), Layout(dp=2, tp=2)
+SMALL_LLAMA = llama(64, 64, 4, ffn=128, heads=4, kv_heads=2)  # the small profile's
+M = TypeVar("M", bound="ModelRun")
 
 
 @dataclass(frozen=True)
-class ModelRun:
+class ModelRun(Record):
     """The model, the batch and the run: what every layout of a comparison shares."""
 
-    microbatches: int = 2
-    steps: int = 3
-    seed: int = 0
-    vocab: int = 64
-    hidden: int = 64
-    heads: int = 4
-    kv_heads: int = 2
-    ffn: int = 128
-    layers: int = 4
-    seq: int = 16
-    batch: int = 8  # sequences per step, over all data-parallel ranks
-    lr: float = 1e-2
-    dtype: str = "float32"  # or float64: the weights, activations and optimizer state
-    device: str = "auto"  # cuda (NCCL, one GPU per rank), cpu (gloo), auto: cuda if enough
+    model: LMConfig = option(SMALL_LLAMA, "the small Llama's shape")
+    seq: int = option(16, "tokens per sequence")
+    batch: int = option(8, "sequences per step, over all data-parallel ranks")
+    microbatches: int = option(2, "micro-batches per data-parallel rank and step (1F1B "
+                               "needs at least one per pipeline stage)")
+    steps: int = option(3, "AdamW steps")
+    seed: int = option(0, "seed of the weights and of the Markov chain's batches")
+    lr: float = option(1e-2, "AdamW's learning rate")
+    dtype: Literal["float32", "float64"] = option(
+        "float32", "the weights', activations' and optimizer state's dtype")
+    device: Literal["auto", "cpu", "cuda"] = option(
+        "auto", "cuda (NCCL, one GPU per rank), cpu (gloo), auto: cuda if there are enough")
+
+    @classmethod
+    def for_profile(cls: type[M], profile: Profile, **changes: Any) -> M:
+        """The sizes of ``profile.composed`` (``helpers.profiles``)."""
+        c = profile.composed
+        return cls(**{**dict(model=c.model, seq=c.seq, batch=c.batch,
+                             microbatches=c.microbatches, steps=c.steps), **changes})
 
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
 
-    @property
-    def lm(self) -> LMConfig:
-        return LMConfig(vocab=self.vocab, hidden=self.hidden, blocks=self.layers, ffn=self.ffn,
-                        heads=self.heads, kv_heads=self.kv_heads, rope=True)
-
     def shared(self) -> dict:
         """The fields of :class:`ModelRun`, by name."""
         return {f.name: getattr(self, f.name) for f in fields(ModelRun)}
 
-
-@dataclass(frozen=True)
-class TrainerConfig(ModelRun):
-    """What ``torchrun -m helpers.runs.llama_3d.worker`` takes, one ``--flag`` per field."""
-
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-    reference: bool = False
-    checkpoint_dir: str = ""  # a checkpoint after every step, here (none when empty)
-    resume: bool = False  # start after the newest checkpoint in checkpoint_dir, if any
-    kill_rank: int = -1  # on the first attempt, this rank SIGKILLs itself ...
-    kill_step: int = -1  # ... as this step starts (-1: nobody is killed)
-
-    @property
-    def layout(self) -> Layout:
-        return Layout(self.pp, self.dp, self.tp)
-
-    def validate(self, world_size: int | None = None) -> TrainerConfig:
-        """Refuse a bad layout, model or batch before any launch (see ``Layout.validate``)."""
+    def _check_run(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"--dtype {self.dtype}; valid choices: {', '.join(DTYPES)}")
         if self.device not in DEVICES:
             raise ValueError(f"--device {self.device}; valid choices: {', '.join(DEVICES)}")
         if self.steps < 1:
             raise ValueError(f"--steps {self.steps}; valid: an integer >= 1")
+
+
+@dataclass(frozen=True)
+class TrainerConfig(ModelRun, RunConfig):
+    """One layout's training, against the one-process run
+    (``torchrun --nproc-per-node=pp*dp*tp -m helpers.runs.llama_3d.worker``)."""
+
+    WORKER: ClassVar[str] = "helpers.runs.llama_3d.worker"
+
+    dp: int = option(1, "data-parallel (fully sharded) ranks")
+    tp: int = option(1, "tensor- and sequence-parallel ranks")
+    pp: int = option(1, "pipeline stages (1F1B)")
+    reference: bool = option(False, "also print the one-process run's losses")
+    checkpoint_dir: str = option("", "save a checkpoint here after every step (none when "
+                                 "empty)")
+    resume: bool = option(False, "start after the newest checkpoint in --checkpoint-dir, "
+                          "whatever layout saved it")
+    kill_rank: int = option(-1, "on the first attempt, this rank SIGKILLs itself ...")
+    kill_step: int = option(-1, "... as this step starts (-1: nobody is killed)")
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.pp, self.dp, self.tp)
+
+    def ranks(self) -> int:
+        """One rank per mesh position: pp x dp x tp."""
+        return self.layout.world_size
+
+    def validate(self, world_size: int) -> TrainerConfig:
+        """Refuse a bad layout, model or batch before any launch (see ``Layout.validate``)."""
+        super().validate(world_size)
+        self._check_run()
         if self.resume and not self.checkpoint_dir:
             raise ValueError("--resume without --checkpoint-dir; valid: --checkpoint-dir DIR "
                              "--resume (DIR holding checkpoints of the same model)")
@@ -87,15 +110,60 @@ class TrainerConfig(ModelRun):
         if self.kill_step >= 0 and not (self.checkpoint_dir and self.resume):
             raise ValueError("--kill-step without --checkpoint-dir DIR --resume: the restarted "
                              "ranks would start again from step 0; valid: add both")
-        self.layout.validate(self.lm, batch=self.batch, microbatches=self.microbatches,
+        self.layout.validate(self.model, batch=self.batch, microbatches=self.microbatches,
                              world_size=world_size)
         return self
 
-    def args(self) -> list[str]:
-        """The command line, every flag given."""
-        return flags_of(self)
+    def before_launch(self, world_size: int) -> None:
+        """A checkpoint it would resume from is checked first: another model's is refused
+        here, before any process starts; then the GPUs."""
+        if self.resume and (folder := latest(self.checkpoint_dir)) is not None:
+            check(folder, self)
+        super().before_launch(world_size)
 
-    @classmethod
-    def from_args(cls, argv: Sequence[str] | None = None) -> TrainerConfig:
-        """The inverse of :meth:`args`."""
-        return parse(cls, f"torchrun --nproc-per-node=P -m {WORKER}", argv)
+
+@dataclass(frozen=True)
+class SuiteConfig(ModelRun, RunConfig):
+    """Every layout of the lesson in one launch of 8 ranks, then the checkpoint round trip
+    (float64 by default: the proof's)."""
+
+    WORKER: ClassVar[str] = "helpers.runs.llama_3d.suite"
+
+    steps: int = option(4, "AdamW steps of every layout")
+    dtype: Literal["float32", "float64"] = option(
+        "float64", "the weights', activations' and optimizer state's dtype")
+    checkpoint_dir: str = option("", "where the checkpoints go (empty: "
+                                 "results/checkpoints/suite)")
+    save_step: int = option(1, "the 3-D run's checkpoint is taken after this step; the "
+                            "2-D run saves after the next one")
+
+    def trainer(self, layout: Layout, **change: Any) -> TrainerConfig:
+        """The config of one layout's run."""
+        return replace(TrainerConfig(pp=layout.pp, dp=layout.dp, tp=layout.tp,
+                                     **self.shared()), **change)
+
+    def ranks(self) -> int:
+        """The 3-D layout's: 8."""
+        return THREE_D.world_size
+
+    def validate(self, world_size: int) -> SuiteConfig:
+        """Every layout's refusals (``TrainerConfig.validate``), and 8 ranks."""
+        super().validate(world_size)
+        self._check_run()
+        if world_size != THREE_D.world_size:
+            raise ValueError(f"{world_size} ranks; valid: {THREE_D.world_size} (the 3-D "
+                             "layout's)")
+        if not 0 <= self.save_step < self.steps - 2:
+            raise ValueError(f"save_step={self.save_step}; valid: 0 .. {self.steps - 3} (two "
+                             "more steps must follow it)")
+        for layout in LAYOUTS:
+            self.trainer(layout).validate(layout.world_size)
+        return self
+
+    @property
+    def root(self) -> Path:
+        """Where the checkpoints go (an absolute path: the ranks may start elsewhere)."""
+        return Path(self.checkpoint_dir or results_path("checkpoints/suite")).resolve()
+
+    def folder(self, layout: Layout) -> str:
+        return str(self.root / f"pp{layout.pp}_dp{layout.dp}_tp{layout.tp}")

@@ -7,24 +7,8 @@ import torch
 from torch import nn
 
 from helpers.memory.ledger import DeviceMemory
+from helpers.memory.measure import local, nbytes
 from helpers.memory.saved import SavedTensorMeter
-
-
-def local(t: torch.Tensor) -> torch.Tensor:
-    """A ``DTensor``'s piece on this rank, and the tensor inside a collective's pending
-    result (``AsyncCollectiveTensor``); a plain tensor is its own."""
-    while True:
-        inner = getattr(t, "_local_tensor", None)
-        inner = getattr(t, "elem", None) if inner is None else inner
-        if not isinstance(inner, torch.Tensor):
-            return t
-        t = inner
-
-
-def nbytes(t: torch.Tensor) -> int:
-    """Bytes of this rank's piece of ``t``."""
-    piece = local(t)
-    return piece.numel() * piece.element_size()
 
 
 def _bytes(tensors) -> int:

@@ -18,12 +18,14 @@ vocabulary's softmax in slices), and each reordering costs an epsilon or two.
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 
 from helpers.composed.layout import Layout
 from helpers.memory.ledger import KINDS, DeviceMemory
+from helpers.runs.contract import Record
+from helpers.runs.llama_3d.config import SuiteConfig
 
 EPSILONS = 4
 ACTIVATION_TOLERANCE = 0.01  # see ``ledger``: index tensors and the like, a few hundred bytes
@@ -32,7 +34,7 @@ DIMS = ("dp", "tp", "pp")
 
 
 @dataclass
-class RankRecord:
+class RankRecord(Record):
     """One rank of one layout: where it sits, what it held, sent and spent."""
 
     rank: int
@@ -76,7 +78,7 @@ class RankRecord:
 
 
 @dataclass
-class LayoutRun:
+class LayoutRun(Record):
     """One layout trained for ``steps`` steps, against the one-process run."""
 
     pp: int
@@ -146,12 +148,16 @@ class LayoutRun:
                 f"(tolerance {self.weight_tolerance:.1e}, {self.weights_compared}/"
                 f"{self.parameters} compared): {'equal' if self.ok else 'DIFFERENT'}")
 
-    def to_dict(self) -> dict:
-        return asdict(self)
 
-    @classmethod
-    def from_dict(cls, data: dict) -> LayoutRun:
-        ranks = [RankRecord(**{**r, "measured": DeviceMemory(**r["measured"]),
-                               "predicted": DeviceMemory(**r["predicted"])})
-                 for r in data["ranks"]]
-        return cls(**{**data, "ranks": ranks})
+@dataclass
+class SuiteResult(Record):
+    """Every layout's run, and the three runs of the checkpoint round trip."""
+
+    config: SuiteConfig
+    runs: list[LayoutRun]  # the 3-D one saved a checkpoint after ``save_step``
+    two_d: LayoutRun  # dp x tp, resumed from the 3-D checkpoint, saving after the next step
+    back: LayoutRun  # 3-D again, resumed from the 2-D checkpoint
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in [*self.runs, self.two_d, self.back])

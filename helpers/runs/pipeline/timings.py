@@ -1,7 +1,7 @@
 """The same ResNet50 training step timed in this process: whole, split naively, micro-batched.
 
-Used by lesson 03 and by ``make bench``, beside the K-process pipeline that
-``helpers.runs.pipeline.config`` launches. On a CPU each variant gets one thread, like one
+Used by lesson 03 and by ``make bench``, beside the K-process pipeline of
+``helpers.runs.pipeline.worker``. On a CPU each variant gets one thread, like one
 stage process, and the whole model runs once more with as many threads as there are stages.
 """
 
@@ -69,9 +69,6 @@ class InProcessTimings:
     def all(self) -> list[Timing]:
         return [t for t in (self.single, self.naive_mp, self.microbatched, self.single_threads)
                 if t is not None]
-
-    def as_dict(self) -> dict:
-        return {t.label: t.as_dict() for t in self.all()}
 
 
 def in_process_timings(

@@ -19,7 +19,7 @@ from helpers.pipeline.events import COMPUTE
 
 
 class Recorded(Protocol):
-    """What the charts read of one schedule's run (``schedules_run.ScheduleRun``)."""
+    """What the charts read of one schedule's run (``results.ScheduleRun``)."""
 
     actions: list[dict]
     start_ns: int

@@ -1,28 +1,25 @@
-"""Launch the pipeline-schedules lesson's ranks and turn their events into numbers.
-
-One typed contract with the worker: a ``SchedulesConfig`` in (its command line), a
-``SchedulesResult`` out, whose ``ScheduleRun`` per schedule derives every number (step
-time, idle shares, the bubble in theory and replayed) from the recorded events and decides
-the proof's verdict once, against ``PROOF_TOLERANCE``. Used by lesson 04, ``make bench``
-and ``make gpu-check``. Every choice is checked before any process starts; a failing
-rank comes back as a ``LaunchError`` with its log.
+"""What lesson 04's launch returns: per schedule a ``ScheduleRun``, which derives every
+number (step time, idle shares, the bubble in theory and replayed) from the recorded
+events and decides the proof's verdict once, against ``PROOF_TOLERANCE``. Used by lesson
+04, ``make bench`` and ``make gpu-check``.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field
 
 from helpers.core.sizes import format_bytes
 from helpers.core.timing import Timing
-from helpers.models.mlp_stack import CHUNKS_PER_RANK, WORKER, SchedulesConfig
 from helpers.pipeline.events import COMPUTE, bubble_theory, idle_fractions
+from helpers.pipeline.runtime import CHUNKS_PER_RANK
 from helpers.pipeline.schedule import PROOF_TOLERANCE
+from helpers.runs.contract import Record
+from helpers.runs.schedules.config import SchedulesConfig
 from helpers.runs.schedules.report import ideal_timeline
-from helpers.torchrun.launcher import launch
 
 
 @dataclass(frozen=True)
-class StepProof:
+class StepProof(Record):
     """One pipelined step against one process: the largest differences, and the verdict."""
 
     output_diff: float
@@ -40,7 +37,7 @@ def _idle(rows: list[dict], ranks: int) -> float:
 
 
 @dataclass(frozen=True)
-class ScheduleRun:
+class ScheduleRun(Record):
     """What one schedule did on every rank; every number below comes from its events."""
 
     name: str
@@ -107,24 +104,16 @@ class ScheduleRun:
                 "free_communication_idle_fraction": self.free_communication_idle_fraction,
                 "seconds_by_kind": {k: t for k in COMPUTE if any(t := self.seconds(k))},
                 "peak_activation_bytes": self.peak_activation_bytes,
-                "proof": asdict(self.proof), "proof_ok": self.proof.ok}
+                "proof": self.proof.to_dict(), "proof_ok": self.proof.ok}
 
 
 @dataclass(frozen=True)
-class SchedulesResult:
+class SchedulesResult(Record):
     """Rank 0's result of one launch, typed; its reports are what lesson 04 prints."""
 
     config: SchedulesConfig
     backend: str
     runs: dict[str, ScheduleRun]
-
-    @classmethod
-    def from_dict(cls, config: SchedulesConfig, data: dict) -> SchedulesResult:
-        runs = {name: ScheduleRun(name, data["ranks"], data["microbatches"],
-                                  StepProof(**run["proof"]), run["times_s"], run["actions"],
-                                  run["start_ns"], run["end_ns"], run["peak_activation_bytes"])
-                for name, run in data["schedules"].items()}
-        return cls(replace(config, ranks=data["ranks"]), data["backend"], runs)
 
     @property
     def proofs_ok(self) -> bool:
@@ -193,7 +182,7 @@ class SchedulesResult:
     def peaks_table(self) -> str:
         """Peak activation bytes per rank, per schedule."""
         lines = [f"{'schedule':<17}" + "".join(f"{'rank ' + str(r):>12}"
-                                               for r in range(self.config.ranks))]
+                                               for r in range(self.config.processes))]
         lines += [f"{name:<17}" + "".join(f"{format_bytes(b):>12}"
                                           for b in run.peak_activation_bytes)
                   for name, run in self.runs.items()]
@@ -204,12 +193,5 @@ class SchedulesResult:
         return [self.runs[n].peak_activation_bytes for n in names]
 
     def numbers(self) -> dict:
-        return {"sizes": asdict(self.config), "backend": self.backend,
+        return {"sizes": self.config.to_dict(), "backend": self.backend,
                 **{name: run.numbers() for name, run in self.runs.items()}}
-
-
-def launch_schedules(config: SchedulesConfig, *, timeout: float = 900) -> SchedulesResult:
-    """Run every schedule of ``config`` in one launch of ``config.ranks`` processes."""
-    config.validate()
-    data = launch(WORKER, config.args(), nproc=config.ranks, timeout=timeout)
-    return SchedulesResult.from_dict(config, data)

@@ -3,7 +3,8 @@
 Every rank builds the same MLP stack, keeps its chunks, and for each schedule first proves
 one training step against the one-process step with gradients accumulated over the same
 micro-batches, then times ``--steps`` steps, recording every stage action (F, B, I, W and
-send and receive waits) and the live activation bytes of the last one. Rank 0 returns JSON.
+send and receive waits) and the live activation bytes of the last one. Rank 0 returns a
+``SchedulesResult``.
 The step and its proof are ``helpers.pipeline.runtime``'s, the same code as lesson 03's.
 """
 
@@ -11,26 +12,19 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import replace
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from helpers.memory.saved import SavedTensorMeter
-from helpers.models.mlp_stack import (
-    WORKER,
-    SchedulesConfig,
-    build_stack,
-    chunk_of,
-    rank_chunks,
-    validate_plan,
-)
+from helpers.models.mlp_stack import build_stack, chunk_of
 from helpers.pipeline.events import record_actions
-from helpers.pipeline.runtime import build_pipeline, prove_step, train_step
-from helpers.torchrun.ranks import Rank, exit_worker, process_group, worker_main, write_result
-
-MODULE = WORKER
+from helpers.pipeline.runtime import build_pipeline, prove_step, rank_chunks, train_step
+from helpers.runs.contract import serve
+from helpers.runs.schedules.config import SchedulesConfig, validate_plan
+from helpers.runs.schedules.results import ScheduleRun, SchedulesResult, StepProof
+from helpers.torchrun.ranks import Rank
 
 
 def run(
@@ -40,7 +34,7 @@ def run(
     config: SchedulesConfig,
     x: torch.Tensor,
     y: torch.Tensor,
-) -> dict:
+) -> ScheduleRun | None:
     """Prove one step of ``name``, then time ``config.steps`` steps; events of the last one."""
     chunks = validate_plan(name, rank.world_size, config.microbatches, config.blocks, config.batch)
     copied = copy.deepcopy(model)
@@ -66,41 +60,33 @@ def run(
     everything = [None] * rank.world_size if rank.rank == 0 else None
     dist.gather_object(([a.as_dict() for a in actions], span, peak), everything, dst=0)
     if everything is None or proof is None:
-        return {}
+        return None
     c = proof.comparison
-    return {
-        "proof": {"output_diff": c.output, "grad_diff": c.grads, "weight_diff": c.weights},
-        "times_s": times,
-        "actions": [a for e in everything for a in e[0]],
-        "start_ns": min(e[1][0] for e in everything),
-        "end_ns": max(e[1][1] for e in everything),
-        "peak_activation_bytes": [e[2] for e in everything],
-    }
+    return ScheduleRun(
+        name=name,
+        ranks=rank.world_size,
+        microbatches=config.microbatches,
+        proof=StepProof(output_diff=c.output, grad_diff=c.grads, weight_diff=c.weights),
+        times_s=times,
+        actions=[a for e in everything for a in e[0]],
+        start_ns=min(e[1][0] for e in everything),
+        end_ns=max(e[1][1] for e in everything),
+        peak_activation_bytes=[e[2] for e in everything],
+    )
 
 
-def main(argv: list[str] | None = None) -> None:
-    config = SchedulesConfig.from_args(argv)
-    with process_group(MODULE) as rank:
-        torch.set_num_threads(1)
-        # every choice checked on every rank before any step
-        config = replace(config, ranks=rank.world_size).validate()
-        model = build_stack(config.width, config.blocks)
-        g = torch.Generator().manual_seed(1)
-        x = torch.randn(config.batch, config.width, generator=g).to(rank.device)
-        y = torch.randn(config.batch, config.width, generator=g).to(rank.device)
-        result = {
-            "ranks": rank.world_size,
-            "backend": rank.backend,
-            "microbatches": config.microbatches,
-            "batch": config.batch,
-            "width": config.width,
-            "blocks": config.blocks,
-            "schedules": {},
-        }
-        for name in config.schedules:
-            result["schedules"][name] = run(name, model, rank, config, x, y)
-        write_result(rank, result)
+def main(config: SchedulesConfig, rank: Rank) -> SchedulesResult | None:
+    """Every schedule of ``config`` on this rank; rank 0 returns the result, the others None."""
+    torch.set_num_threads(1)
+    model = build_stack(config.width, config.blocks)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(config.batch, config.width, generator=g).to(rank.device)
+    y = torch.randn(config.batch, config.width, generator=g).to(rank.device)
+    runs = {name: run(name, model, rank, config, x, y) for name in config.schedules}
+    if rank.rank != 0:
+        return None
+    return SchedulesResult(config, rank.backend, runs)
 
 
 if __name__ == "__main__":
-    exit_worker(worker_main(MODULE, main))
+    serve(SchedulesConfig, main)

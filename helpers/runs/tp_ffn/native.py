@@ -1,21 +1,22 @@
 """The source's native mode: time the whole FFN, write the shards, sum the ranks in one process.
 
 Also the source's printed line, ``[INFO] tag: shape:...,sum:...[,mean:...,min:...,max:...]``,
-shared with the tensor-parallel ranks.
+shared with the tensor-parallel ranks. ``helpers.tp_demo`` runs it alone; a sweep's rank 0
+runs it before the world sizes.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 import torch
 
+from helpers.core.checks import Proof
 from helpers.core.devices import dtype_name, resolve_device, resolve_dtype
 from helpers.core.paths import display_path
 from helpers.core.timing import Timing, measure
-from helpers.runs.tp_ffn.config import DemoConfig, build_model
+from helpers.runs.tp_ffn.config import TPFFNConfig
+from helpers.runs.tp_ffn.results import NativeRun
 from helpers.tensor_parallel.ffn import tp_simulate
-from helpers.tensor_parallel.proofs import checksum, checksum_tolerance, outputs_agree
+from helpers.tensor_parallel.proofs import checksum, outputs_agree
 from helpers.tensor_parallel.shards import load_shard, write_shards
 
 
@@ -27,22 +28,25 @@ def info_line(tag: str, out: torch.Tensor, total: float, timing: Timing | None =
     return line
 
 
-def run_native_mode(config: DemoConfig, *, verbose: bool = True, write: bool = True) -> dict:
-    """Native mode: time the FFN, write the shards, check the one-process simulation.
+def run_native(config: TPFFNConfig, world_size: int, *, verbose: bool = True,
+               write: bool = True) -> NativeRun:
+    """Native mode: time the FFN, write the shards for ``world_size`` ranks, check the
+    one-process simulation against the whole FFN.
 
-    ``write=False`` reads shards written before (as ``ffn_worker --sweep``'s rank 0 does).
+    ``write=False`` reads shards written before (as a sweep's rank 0 does).
     """
-    config.validate()
+    config.validate(world_size)
     device, dtype = resolve_device(config.device), resolve_dtype(config.dtype)
-    p, folder = config.world_size, config.folder()
-    model = build_model(config)  # float32 on the CPU: the shard bytes do not depend on --device
+    p, folder = world_size, config.folder(world_size)
+    model = config.model()  # float32 on the CPU: the shard bytes do not depend on --device
     if write:
         write_shards(model, p, folder)
     x = config.input_batch(dtype, device)
     model = model.to(device, dtype).eval()
     with torch.inference_mode():
         timing = measure(
-            lambda: model(x), repeats=config.iters - config.warmup, warmup=config.warmup
+            lambda: model(x), repeats=config.iters - config.warmup, warmup=config.warmup,
+            label="native",
         )
         out = model(x)
         total, abs_total = checksum(out)
@@ -63,22 +67,5 @@ def run_native_mode(config: DemoConfig, *, verbose: bool = True, write: bool = T
             f"elements, {dtype_name(dtype)} tolerance {tol:.3g}: {'OK' if agree else 'FAILED'}",
             flush=True,
         )
-    return {
-        "mode": "native",
-        "config": asdict(config),
-        "world_size": p,
-        "backend": None,
-        "device": str(device),
-        "dtype": dtype_name(dtype),
-        "shape": list(out.shape),
-        "checksum": total,
-        "abs_sum": abs_total,
-        "checksum_tolerance": checksum_tolerance(abs_total, dtype),
-        "tp_simulate_checksum": sim_total,
-        "tp_simulate_max_diff": diff,
-        "tp_simulate_tolerance": tol,
-        "tp_simulate_agrees": agree,
-        "shard_dir": display_path(folder),
-        "threads": torch.get_num_threads(),
-        **timing.as_dict(),
-    }
+    return NativeRun(dtype_name(dtype), tuple(out.shape), total, abs_total, timing,
+                     Proof("tp_simulate", diff, tol))

@@ -1,12 +1,12 @@
 """One rank of the tensor-parallel FFN, as launched by ``torchrun``.
 
-    torchrun --nproc-per-node=P -m helpers.runs.tp_ffn.worker [tp_demo's flags]
-        [--train_step [--activation gelu]] [--dtensor] [--wide H,F,S,B,P,I,W] [--sweep 1,2,P]
+    torchrun --nproc-per-node=P -m helpers.runs.tp_ffn.worker --hidden-size 512 ...
+        [--train-step [--activation gelu]] [--dtensor] [--wide H,F,S,B,P,I,W] [--sweep 1,2,P]
 
 Each rank loads only its shard files and computes ``g(shard(f(x)))`` with the f and g
 of ``helpers.tensor_parallel.mappings``. It times the forward (compute and all-reduce apart),
 proves its full output equal to the native FFN element by element and measures its
-memory ledger; then, as asked (``RunOptions``), proves one SGD step through f and g,
+memory ledger; then, as asked (``TPFFNConfig``), proves one SGD step through f and g,
 proves ``parallelize_module`` against its hand-made shard, and times a wider FFN. What
 each step does is in ``helpers.tensor_parallel.rank_work`` and ``dtensor``.
 
@@ -20,18 +20,16 @@ parallelism its own ranks (a ``DeviceMesh`` dimension is one).
 
 from __future__ import annotations
 
-import argparse
 import time
-from collections.abc import Sequence
-from dataclasses import replace
 
 import torch.distributed as dist
 
 from helpers.core.checks import Proof
 from helpers.core.devices import dtype_name, resolve_dtype
-from helpers.runs.tp_ffn.config import DemoConfig, RunOptions, parser, sweep_world_sizes
-from helpers.runs.tp_ffn.native import info_line, run_native_mode
-from helpers.runs.tp_ffn.results import NativeRun, SweepRun, TPRun
+from helpers.runs.contract import serve
+from helpers.runs.tp_ffn.config import TPFFNConfig
+from helpers.runs.tp_ffn.native import info_line, run_native
+from helpers.runs.tp_ffn.results import SweepRun, TPRun, TrainStep, WideRun
 from helpers.tensor_parallel.dtensor import prove_parallelize_module
 from helpers.tensor_parallel.mappings import ring_allreduce_bytes
 from helpers.tensor_parallel.proofs import checksum
@@ -43,27 +41,21 @@ from helpers.tensor_parallel.rank_work import (
     wide_timing,
 )
 from helpers.tensor_parallel.shards import load_shard
-from helpers.torchrun.ranks import (
-    Rank,
-    exit_worker,
-    first_ranks,
-    process_group,
-    worker_main,
-    write_result,
-)
-
-MODULE = "helpers.runs.tp_ffn.worker"
+from helpers.torchrun.ranks import Rank, first_ranks
 
 
-def tp_rank_run(
-    config: DemoConfig, rank: Rank, options: RunOptions, *, verbose: bool = True
-) -> TPRun:
+def backend_line(rank: Rank, dtype: str) -> str:
+    """``[INFO] backend: ...``: why this backend, how many ranks, on what."""
+    return (f"[INFO] backend: {rank.reason}; {rank.world_size} ranks, each on {rank.device}, "
+            f"dtype {dtype}")
+
+
+def tp_rank_run(config: TPFFNConfig, rank: Rank, *, dtensor: bool = False,
+                verbose: bool = True) -> TPRun:
     """This rank's share of the work for ``rank.world_size`` ranks, every collective in
-    ``rank.group``; the shards come from ``config.folder(p)``. Returns this rank's result."""
+    ``rank.group``; the shards come from ``config.folder(p)``. ``dtensor``: also prove
+    ``parallelize_module`` (whose mesh is the whole world). Returns this rank's result."""
     p, dtype = rank.world_size, resolve_dtype(config.dtype)
-    if options.dtensor and rank.group is not None:
-        raise ValueError("--dtensor builds its DeviceMesh over the whole world; valid: "
-                         "parallelize_module on the whole world only")  # fmt: skip
     shard = load_shard(config.folder(p), p, rank.rank).to(rank.device, dtype).eval()
     x = config.input_batch(dtype, rank.device)
     out, compute, reduce, total = timed_forward(shard, x, config.iters, config.warmup, rank.group)
@@ -76,112 +68,61 @@ def tp_rank_run(
             f"tolerance {tol:.3g}: {'OK' if diff <= tol else 'FAILED'}",
             flush=True,
         )
+    step = wide = None
+    if config.train_step:
+        step = TrainStep(config.activation, config.lr,
+                         *train_step_check(config, rank, config.activation, config.lr))
+    if config.wide_sizes is not None:
+        wide = WideRun(config.wide_sizes, *wide_timing(config.wide_sizes, rank, dtype, config.seed))
     return TPRun(
         p, rank.backend, str(rank.device), dtype_name(dtype), tuple(out.shape),
         total_sum, abs_sum, Proof("output", diff, tol), compute, reduce, total,
         ring_allreduce_bytes(out.numel() * out.element_size(), p),
-        rank_memory(config, rank, shard),
-        train_step_check(config, rank, options.activation, options.lr)
-        if options.train_step else None,
-        prove_parallelize_module(config, rank, shard, x) if options.dtensor else None,
-        wide_timing(options.wide, rank, dtype, config.seed) if options.wide else None,
+        rank_memory(config, rank, shard), step,
+        prove_parallelize_module(config, rank, shard, x) if dtensor else None, wide,
     )  # fmt: skip
 
 
-def _backend_line(rank: Rank, dtype: str) -> None:
-    print(
-        f"[INFO] backend: {rank.reason}; {rank.world_size} ranks, each on {rank.device}, "
-        f"dtype {dtype}",
-        flush=True,
-    )
-
-
-def run_tp_mode(
-    config: DemoConfig, options: RunOptions | None = None, *, verbose: bool = True
-) -> TPRun:
-    """Tensor-parallel mode, one call per rank under ``torchrun``; returns this rank's result."""
-    config.validate()
-    options = options or RunOptions()
-    with process_group(MODULE, device=config.device, backend=config.backend) as rank:
-        world = rank.world_size
-        if verbose and rank.rank == 0:
-            _backend_line(rank, dtype_name(resolve_dtype(config.dtype)))
-            if config.world_size != world:
-                print(
-                    f"[INFO] --world_size {config.world_size} ignored: torchrun started {world} ranks"
-                )
-        result = tp_rank_run(config, rank, options, verbose=verbose)
-        write_result(rank, result.as_dict())
-        dist.barrier()
-        return result
-
-
-def run_sweep(
-    config: DemoConfig,
-    world_sizes: Sequence[int],
-    options: RunOptions | None = None,
-    *,
-    verbose: bool = True,
-) -> SweepRun | None:
+def sweep(config: TPFFNConfig, rank: Rank) -> SweepRun | None:
     """Native on rank 0, then every world size p on the group of ranks 0 .. p-1, in one launch.
 
-    ``options`` apply to every world size, except ``dtensor``: the whole world only. Rank 0
-    writes and returns the ``SweepRun``; the other ranks return None.
+    Every option applies to every world size, except ``dtensor``: the whole world only.
+    Rank 0 returns the ``SweepRun``; the other ranks return None.
     """
-    sizes = sweep_world_sizes(config, world_sizes)
-    options = options or RunOptions()
-    with process_group(MODULE, device=config.device, backend=config.backend) as rank:
-        world = rank.world_size
-        if max(sizes) != world:
-            raise ValueError(
-                f"--sweep {','.join(map(str, sizes))}: the largest world size must be the "
-                f"{world} ranks torchrun started; valid: --nproc-per-node {max(sizes)}"
-            )
-        places = first_ranks(rank, sizes)  # collective: every rank creates every group
-        # torch.optim's first optimizer and parallelize_module import torch._dynamo (seconds
-        # of CPU): every rank does it now, together, not each group in turn while others wait
-        import torch._dynamo  # noqa: F401
+    world = rank.world_size
+    places = first_ranks(rank, config.sweep)  # collective: every rank creates every group
+    # torch.optim's first optimizer and parallelize_module import torch._dynamo (seconds
+    # of CPU): every rank does it now, together, not each group in turn while others wait
+    import torch._dynamo  # noqa: F401
 
-        dist.barrier()  # every rank ready before any clock runs
-        start = time.monotonic()  # the work itself, after the start-up
-        native = None
-        if rank.rank == 0:
-            if verbose:
-                _backend_line(rank, dtype_name(resolve_dtype(config.dtype)))
-            whole = replace(config, world_size=world, mode="native")
-            native = NativeRun.from_dict(run_native_mode(whole, verbose=verbose, write=False))
-        dist.barrier()  # the other ranks wait while rank 0 runs native
-        runs = {}
-        for p in sizes:
-            member = places[p]
-            if member is not None:
-                mine = replace(options, dtensor=options.dtensor and p == world)
-                runs[p] = tp_rank_run(replace(config, world_size=p), member, mine, verbose=verbose)
-            dist.barrier()  # ranks p .. world-1 wait for the group of the first p
-        if rank.rank != 0:
-            return None
-        result = SweepRun(native, runs, time.monotonic() - start)
-        write_result(rank, result.as_dict())
-        return result
+    dist.barrier()  # every rank ready before any clock runs
+    start = time.monotonic()  # the work itself, after the start-up
+    native = None
+    if rank.rank == 0:
+        print(backend_line(rank, config.dtype), flush=True)
+        native = run_native(config, world, write=False)
+    dist.barrier()  # the other ranks wait while rank 0 runs native
+    runs = {}
+    for p in config.sweep:
+        member = places[p]
+        if member is not None:
+            runs[p] = tp_rank_run(config, member, dtensor=config.dtensor and p == world)
+        dist.barrier()  # ranks p .. world-1 wait for the group of the first p
+    if rank.rank != 0:
+        return None
+    return SweepRun(native, runs, time.monotonic() - start)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(parents=[parser(f"torchrun ... -m {MODULE}")], add_help=False)
-    RunOptions.add_arguments(ap).add_argument(
-        "--sweep", default=None, help="world sizes, e.g. 1,2,4 (the largest: all the ranks): "
-        "each run by the first p ranks of this launch, after native on rank 0",
-    )  # fmt: skip
-    ns = ap.parse_args(argv)
-    try:
-        options = RunOptions.from_args(ns)
-        sizes = None if ns.sweep is None else [int(v) for v in ns.sweep.split(",")]
-    except ValueError as error:
-        ap.error(str(error))
-    config = DemoConfig.from_args(ns)
-    if sizes is not None:
-        return worker_main(MODULE, lambda: run_sweep(config, sizes, options))
-    return worker_main(MODULE, lambda: run_tp_mode(config, options))
+def main(config: TPFFNConfig, rank: Rank) -> TPRun | SweepRun | None:
+    """A sweep (``config.sweep``), or one run on every rank; rank 0's result."""
+    if config.sweep:
+        return sweep(config, rank)
+    if rank.rank == 0:
+        print(backend_line(rank, config.dtype), flush=True)
+    result = tp_rank_run(config, rank, dtensor=config.dtensor)
+    dist.barrier()
+    return result
 
 
 if __name__ == "__main__":
-    exit_worker(main())
+    serve(TPFFNConfig, main)

@@ -1,1 +1,2 @@
-"""runs/tp_llama"""
+"""Lesson 09's runs: ``config`` in, ``worker`` on every rank (``step``: what it is proven
+against), ``results`` out, ``report`` (tables, charts)."""

@@ -17,6 +17,7 @@ from torch import nn
 from helpers.comm.collectives import ring_bytes
 from helpers.core.checks import Proof
 from helpers.memory.transformer import TransformerShape
+from helpers.runs.contract import Record
 from helpers.runs.tp_llama.config import LlamaTPConfig
 from helpers.tensor_parallel.vocab import padded_vocab
 
@@ -41,12 +42,12 @@ def predicted_sent(config: LlamaTPConfig, tp: int, sequence_parallel: bool) -> d
     all-reduced once. The loss adds 3 all-reduces of one float32 per token.
     """
     tokens = config.batch * config.seq
-    stream = tokens * config.hidden * FLOAT32
-    times = 4 * config.layers + 2
+    stream = tokens * config.model.hidden * FLOAT32
+    times = 4 * config.model.blocks + 2
     loss = 3 * ring_bytes("all_reduce", tp, tokens * FLOAT32)
     if not sequence_parallel:
         return {"all_reduce": times * ring_bytes("all_reduce", tp, stream) + loss}
-    norms = (2 * config.layers + 1) * config.hidden * FLOAT32
+    norms = (2 * config.model.blocks + 1) * config.model.hidden * FLOAT32
     return {"reduce_scatter": times * ring_bytes("reduce_scatter", tp, stream),
             "all_gather": times * ring_bytes("all_gather", tp, stream),
             "all_reduce": loss + ring_bytes("all_reduce", tp, norms)}
@@ -57,31 +58,34 @@ def predicted_kept(config: LlamaTPConfig, tp: int, sequence_parallel: bool, *,
     """Bytes kept for backward at the loss, per part, from ``TransformerShape`` (the
     estimator's formula): the hand split's (vocab-parallel embedding and loss, even at
     ``tp = 1``), or with ``split=False`` the one-process model's (``F.cross_entropy``)."""
-    shape, tokens = TransformerShape.of(config.lm), config.batch * config.seq
+    shape, tokens = TransformerShape.of(config.model), config.batch * config.seq
     block = shape.block_activation_bytes(tokens, FLOAT32, tp, sequence_parallel)
     return {"embed": shape.embed_activation_bytes(tokens, tp, split),
-            **{f"block {k}": block for k in range(config.layers)},
+            **{f"block {k}": block for k in range(config.model.blocks)},
             "norm + head": shape.head_activation_bytes(tokens, FLOAT32, tp, sequence_parallel,
                                                        split)}
 
 
 def predicted_held(config: LlamaTPConfig, tp: int) -> int:
     """Weights one rank holds: 1/tp of every split matrix, the norms whole, its rows of
-    the vocabulary (padded to a multiple of tp) in the embedding and the head."""
-    h, kv = config.hidden, config.kv_heads * config.hidden // config.heads
-    split = 2 * h * h + 2 * h * kv + 3 * h * config.ffn
-    rows = padded_vocab(config.vocab, tp) // tp
-    return config.layers * (split // tp + 2 * h) + 2 * rows * h + h
+    the vocabulary (padded to a multiple of tp) in the embedding and the head (one matrix
+    when they are tied)."""
+    m = config.model
+    h, kv = m.hidden, m.kv * m.hidden // m.heads
+    split = 2 * h * h + 2 * h * kv + 3 * h * m.ffn
+    rows = padded_vocab(m.vocab, tp) // tp
+    return m.blocks * (split // tp + 2 * h) + (1 if m.tied else 2) * rows * h + h
 
 
-def _merge_head(kept: dict[str, int]) -> dict[str, int]:
+def merge_head(kept: dict[str, int]) -> dict[str, int]:
+    """Kept bytes per part with the final norm's and the head's as one row, as predicted."""
     out = {k: v for k, v in kept.items() if k not in ("norm", "head")}
     out["norm + head"] = kept["norm"] + kept["head"]
     return out
 
 
 @dataclass(frozen=True)
-class StepTimes:
+class StepTimes(Record):
     """Seconds per timed step, and of it inside collectives (per step)."""
 
     step_s: list[float]
@@ -96,8 +100,14 @@ class StepTimes:
         return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
+def proofs(diffs: dict[str, float], scale: dict[str, float]) -> list[Proof]:
+    """One proof per quantity: its largest difference against ``RELATIVE_TOLERANCE`` times
+    the quantity's largest |value| in the one-process step (``scale``)."""
+    return [Proof(q, diffs[q], RELATIVE_TOLERANCE * scale[q]) for q in QUANTITIES]
+
+
 @dataclass(frozen=True)
-class ModeRun:
+class ModeRun(Record):
     """The hand split's step, without or with sequence parallelism (rank 0's view)."""
 
     sequence_parallel: bool
@@ -112,6 +122,20 @@ class ModeRun:
     held: int
     predicted_held: int
 
+    @classmethod
+    def measured(cls, config: LlamaTPConfig, tp: int, sequence_parallel: bool, *,
+                 diffs: dict[str, float], scale: dict[str, float],
+                 native: dict[str, float] | None, placements: dict[str, str] | None,
+                 sent: dict[str, float], calls: dict[str, int], kept: dict[str, int],
+                 held: int) -> ModeRun:
+        """What a rank measured, beside its proofs and what the shapes predict."""
+        return cls(sequence_parallel, proofs(diffs, scale),
+                   None if native is None else proofs(native, scale), placements,
+                   {k: float(v) for k, v in sent.items()},
+                   predicted_sent(config, tp, sequence_parallel), dict(calls),
+                   merge_head(kept), predicted_kept(config, tp, sequence_parallel),
+                   held, predicted_held(config, tp))
+
     @property
     def name(self) -> str:
         return "TP + SP" if self.sequence_parallel else "TP"
@@ -124,7 +148,7 @@ class ModeRun:
 
 
 @dataclass(frozen=True)
-class LlamaTPResult:
+class LlamaTPResult(Record):
     """Everything a launch measured (rank 0's view; the proofs' maxima over all ranks)."""
 
     config: LlamaTPConfig
@@ -132,31 +156,10 @@ class LlamaTPResult:
     backend: str
     reason: str
     parameters: int
-    one_process_kept: dict[str, int]
+    one_process_kept: dict[str, int]  # per part, the final norm's and the head's as one
     modes: list[ModeRun]
-    timing: dict[str, StepTimes] | None
+    timing: dict[str, StepTimes] | None  # by "False", "True" (sequence parallel), "one process"
     threads: int = 1  # compute threads per rank (torchrun's OMP_NUM_THREADS)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> LlamaTPResult:
-        config, tp = LlamaTPConfig(**data["config"]), data["world_size"]
-        scale = data["magnitudes"]
-
-        def proofs(diffs: dict[str, float]) -> list[Proof]:
-            return [Proof(q, diffs[q], RELATIVE_TOLERANCE * scale[q]) for q in QUANTITIES]
-
-        modes = [ModeRun(
-            m["sequence_parallel"], proofs(m["diffs"]),
-            proofs(m["native"]) if "native" in m else None, m.get("placements"),
-            {k: float(v) for k, v in m["sent"].items()},
-            predicted_sent(config, tp, m["sequence_parallel"]), dict(m["calls"]),
-            _merge_head(m["kept"]), predicted_kept(config, tp, m["sequence_parallel"]),
-            m["held"], predicted_held(config, tp)) for m in data["modes"]]
-        timing = {k: StepTimes(v["step_s"], v["comm_s"]) for k, v in data["timing"].items()
-                  } if "timing" in data else None
-        return cls(config, tp, data["backend"], data["reason"], data["parameters"],
-                   _merge_head(data["one_process_kept"]), modes, timing,
-                   data.get("threads", 1))
 
     @property
     def predicted_one_process_kept(self) -> dict[str, int]:

@@ -1,10 +1,12 @@
-"""One SGD training step of the small Llama: on one process, and on one tensor-parallel rank.
+"""What lesson 09's steps are proven against: the model, the batch, the one-process SGD
+step, PyTorch's split's step (``parallelize_module``), and the comparison.
 
-Both take the same weights, tokens and targets; :func:`step_diffs` compares what a rank
-holds after its step with its slice of the one-process step: the logits, the loss, every
-gradient and every updated weight. SGD keeps the weights' check as sharp as the
-gradients' (``w - lr * grad``); Adam's first step would move every weight by about
-``lr`` whatever its gradient's size (lesson 06).
+Every step takes the same weights, tokens and targets (the hand split's is the worker's
+``rank_step``); :func:`step_diffs` compares what a rank holds after its step with its
+slice of the one-process step: the logits, the loss, every gradient and every updated
+weight. SGD keeps the weights' check as sharp as the gradients' (``w - lr * grad``);
+Adam's first step would move every weight by about ``lr`` whatever its gradient's size
+(lesson 06).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers.models.llama import LMConfig, TinyLM, build_lm
-from helpers.tensor_parallel.llama import TPLlama, model_cuts
+from helpers.tensor_parallel.llama import model_cuts
 
 
 def build_llama(config: LMConfig, seed: int) -> TinyLM:
@@ -48,7 +50,8 @@ class StepState:
     weights: dict[str, torch.Tensor]
 
 
-def _sgd(model: torch.nn.Module, lr: float) -> dict[str, torch.Tensor]:
+def sgd(model: torch.nn.Module, lr: float) -> dict[str, torch.Tensor]:
+    """One SGD update of every weight; the gradients it used, by name."""
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
     with torch.no_grad():
         for p in model.parameters():
@@ -65,25 +68,45 @@ def reference_step(model: TinyLM, ids: torch.Tensor, targets: torch.Tensor,
     if on_loss:
         on_loss()
     loss.backward()
-    grads = _sgd(model, lr)
+    grads = sgd(model, lr)
     weights = {n: p.detach().clone() for n, p in model.named_parameters()}
     return StepState(logits.detach(), loss.item(), grads, weights)
 
 
-def rank_step(shard: TPLlama, ids: torch.Tensor, targets: torch.Tensor, group, lr: float,
-              *, sequence_parallel: bool, on_loss: Callable[[], None] | None = None
-              ) -> StepState:
-    """This rank's step: its logits' slice, the vocab-parallel loss, its shards' gradients
-    (the norms' summed over ranks under sequence parallelism), one SGD step."""
-    logits = shard.logits(ids, group, sequence_parallel=sequence_parallel)
-    loss = shard.loss(logits, targets, group)
-    if on_loss:
-        on_loss()
-    loss.backward()
-    shard.finish_backward(group, sequence_parallel=sequence_parallel)
-    grads = _sgd(shard, lr)
-    weights = {n: p.detach().clone() for n, p in shard.named_parameters()}
-    return StepState(logits.detach(), loss.item(), grads, weights)
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (a replicated one's whole value); a plain tensor as it is."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _like(grad: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """A gradient laid out as its parameter: a replicated norm weight's gradient comes back
+    ``Partial`` (each rank's sum over its own tokens) until it is redistributed."""
+    if hasattr(grad, "redistribute") and grad.placements != param.placements:
+        return grad.redistribute(param.device_mesh, param.placements)
+    return grad
+
+
+def native_step(model: TinyLM, ids: torch.Tensor, targets: torch.Tensor, lr: float) -> StepState:
+    """One SGD step of a parallelized model: ``F.cross_entropy`` under ``loss_parallel`` on
+    the vocabulary-sharded logits; what this rank holds (local shards) afterwards."""
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    logits = model(ids)
+    with loss_parallel():
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        loss.backward()
+    grads = {n: _local(_like(p.grad, p)).detach().clone() for n, p in model.named_parameters()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= lr * p.grad
+    weights = {n: _local(p).detach().clone() for n, p in model.named_parameters()}
+    return StepState(_local(logits).detach(), _local(loss).item(), grads, weights)
+
+
+def placements(model: TinyLM) -> dict[str, str]:
+    """Each parameter's placement on the mesh (``replicated`` for a plain tensor)."""
+    return {n: str(getattr(p, "placements", ("replicated",))[0]) for n, p in
+            model.named_parameters()}
 
 
 def _worst(mine: dict[str, torch.Tensor], other: dict[str, torch.Tensor], cuts: dict,

@@ -2,11 +2,12 @@
 
 Every rank builds the same small Llama (grouped-query attention, RoPE) from ``--seed``,
 takes one SGD step on the whole model in one process (the reference, every rank computes
-it), then its tensor-parallel share of the same step (``llama.TPLlama``), without or with
-sequence parallelism, and compares: logits, loss, every gradient and every updated weight,
-the largest difference over all ranks. It also counts the bytes it sends, measures what
-it keeps for backward, and, if asked, proves ``parallelize_module`` equal to the hand split
-and times its steps. Rank 0 prints one JSON line (and hands it to the launcher).
+it), then its tensor-parallel share of the same step (``TPLlama``: f and g, the
+vocab-parallel loss), without or with sequence parallelism, and compares: logits, loss,
+every gradient and every updated weight, the largest difference over all ranks. It also
+counts the bytes it sends, measures what it keeps for backward, and, if asked, proves
+``parallelize_module`` equal to the hand split and times its steps. Rank 0 prints its
+result as one JSON line (and ``serve`` hands it to the launcher).
 """
 
 from __future__ import annotations
@@ -14,33 +15,44 @@ from __future__ import annotations
 import copy
 import json
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
-from helpers.comm.collectives import CommCounter
+from helpers.comm.meter import CommMeter
 from helpers.memory.saved import SavedTensorMeter
-from helpers.runs.tp_llama.config import WORKER, LlamaTPConfig
-from helpers.runs.tp_llama.results import LlamaTPResult, parts_of
+from helpers.runs.contract import serve
+from helpers.runs.tp_llama.config import LlamaTPConfig
+from helpers.runs.tp_llama.results import LlamaTPResult, ModeRun, StepTimes, merge_head, parts_of
 from helpers.runs.tp_llama.step import (
     StepState,
     build_llama,
     magnitudes,
     make_batch,
-    rank_step,
     reference_step,
+    sgd,
     step_diffs,
 )
-from helpers.runs.tp_llama.timing import CommClock
 from helpers.tensor_parallel.llama import TPLlama
-from helpers.torchrun.ranks import (
-    Rank,
-    exit_worker,
-    max_over_ranks,
-    process_group,
-    worker_main,
-    write_result,
-)
+from helpers.torchrun.ranks import Rank, max_over_ranks
+
+
+def rank_step(shard: TPLlama, ids: torch.Tensor, targets: torch.Tensor, group, lr: float,
+              *, sequence_parallel: bool, on_loss: Callable[[], None] | None = None
+              ) -> StepState:
+    """This rank's step: its logits' slice, the vocab-parallel loss, its shards' gradients
+    (the norms' summed over ranks under sequence parallelism), one SGD step.
+    ``on_loss`` runs between the loss and backward (when the most is kept for backward)."""
+    logits = shard.logits(ids, group, sequence_parallel=sequence_parallel)
+    loss = shard.loss(logits, targets, group)
+    if on_loss:
+        on_loss()
+    loss.backward()
+    shard.finish_backward(group, sequence_parallel=sequence_parallel)
+    grads = sgd(shard, lr)
+    weights = {n: p.detach().clone() for n, p in shard.named_parameters()}
+    return StepState(logits.detach(), loss.item(), grads, weights)
 
 
 def _kept(model: torch.nn.Module, step) -> tuple[StepState, dict[str, int]]:
@@ -56,39 +68,42 @@ def _max_diffs(diffs: dict[str, float], rank: Rank) -> dict[str, float]:
     return {k: max_over_ranks(v, rank) for k, v in diffs.items()}
 
 
-def mode_section(rank: Rank, config: LlamaTPConfig, model, ids, targets, reference,
-                 sp: bool) -> dict:
+def mode_run(rank: Rank, config: LlamaTPConfig, model, ids, targets, reference: StepState,
+             sp: bool) -> ModeRun:
     """The hand split's step without or with sequence parallelism: its proof, its bytes,
     its activations, and (``--native``) PyTorch's split against it."""
     group, tp, r = dist.group.WORLD, rank.world_size, rank.rank
     shard = TPLlama(model, r, tp).to(rank.device)
-    counter = CommCounter(tp)
+    counter = CommMeter()
     with counter:
         state, kept = _kept(shard, lambda on_loss: rank_step(
             shard, ids, targets, group, config.lr, sequence_parallel=sp, on_loss=on_loss))
-    out = {"sequence_parallel": sp, "diffs": _max_diffs(step_diffs(model, r, tp, state,
-                                                                    reference), rank),
-           "sent": dict(counter.sent), "calls": dict(counter.calls), "kept": kept,
-           "held": sum(p.numel() for p in shard.parameters())}
+    native = placed = None
     if config.native:
         from torch.distributed.device_mesh import init_device_mesh
 
-        from helpers.tensor_parallel.plans import native_step, parallelize_llama, placements
+        from helpers.runs.tp_llama.step import native_step, placements
+        from helpers.tensor_parallel.plans import parallelize_llama
 
         mesh = init_device_mesh(rank.device.type, (tp,), mesh_dim_names=("tp",))
-        native = parallelize_llama(copy.deepcopy(model), mesh, sequence_parallel=sp)
-        out["placements"] = placements(native)
-        theirs = native_step(native, ids, targets, config.lr)
-        out["native"] = _max_diffs(step_diffs(model, r, tp, state, theirs, local=True), rank)
-    return out
+        parallel = parallelize_llama(copy.deepcopy(model), mesh, sequence_parallel=sp)
+        placed = placements(parallel)
+        theirs = native_step(parallel, ids, targets, config.lr)
+        native = _max_diffs(step_diffs(model, r, tp, state, theirs, local=True), rank)
+    return ModeRun.measured(
+        config, tp, sp, diffs=_max_diffs(step_diffs(model, r, tp, state, reference), rank),
+        scale=magnitudes(reference), native=native, placements=placed,
+        sent=dict(counter.per_collective.sent), calls=dict(counter.per_collective.calls),
+        kept=kept,
+        held=sum(p.numel() for p in shard.parameters()))
 
 
-def _timed(config: LlamaTPConfig, step, cuda: bool) -> dict[str, list[float]]:
+def _timed(config: LlamaTPConfig, step, cuda: bool) -> StepTimes:
     """``warmup`` untimed steps, then ``time_steps`` steps: each step's seconds and the
     seconds it spent inside collectives (waiting for the other ranks included)."""
     steps, comm = [], []
     for k in range(config.warmup + config.time_steps):
-        clock = CommClock(synchronize=cuda)
+        clock = CommMeter(timed=True, synchronize=cuda)
         if cuda:
             torch.cuda.synchronize()
         start = time.perf_counter()
@@ -98,11 +113,12 @@ def _timed(config: LlamaTPConfig, step, cuda: bool) -> dict[str, list[float]]:
             torch.cuda.synchronize()
         if k >= config.warmup:
             steps.append(time.perf_counter() - start)
-            comm.append(clock.seconds)
-    return {"step_s": steps, "comm_s": comm}
+            comm.append(clock.total_seconds)
+    return StepTimes(steps, comm)
 
 
-def timing_section(rank: Rank, config: LlamaTPConfig, model, ids, targets) -> dict:
+def timing_section(rank: Rank, config: LlamaTPConfig, model, ids, targets
+                   ) -> dict[str, StepTimes]:
     """Steps timed per sequence-parallel setting (and the one-process model on rank 0)."""
     group, out, cuda = dist.group.WORLD, {}, rank.device.type == "cuda"
     for sp in config.modes:
@@ -120,31 +136,23 @@ def timing_section(rank: Rank, config: LlamaTPConfig, model, ids, targets) -> di
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
-    config = LlamaTPConfig.from_args(argv)
-    with process_group(WORKER, device=config.device) as rank:
-        config.validate(rank.world_size)
-        model = build_llama(config.lm, config.seed).to(rank.device)
-        ids, targets = (t.to(rank.device) for t in make_batch(config.vocab, config.batch,
-                                                              config.seq, config.seed))
-        one = copy.deepcopy(model)
-        reference, one_kept = _kept(one, lambda on_loss: reference_step(
-            one, ids, targets, config.lr, on_loss=on_loss))
-        data = {"config": config.__dict__, "world_size": rank.world_size,
-                "backend": rank.backend, "reason": rank.reason,
-                "threads": torch.get_num_threads(),
-                "magnitudes": magnitudes(reference), "one_process_kept": one_kept,
-                "parameters": sum(p.numel() for p in model.parameters()),
-                "modes": [mode_section(rank, config, model, ids, targets, reference, sp)
-                          for sp in config.modes]}
-        if config.time_steps:
-            data["timing"] = timing_section(rank, config, model, ids, targets)
-        result = LlamaTPResult.from_dict(data)  # the verdicts, decided where they are named
-        data["verdicts"] = result.verdicts()
-        if rank.rank == 0:
-            print(json.dumps(data), flush=True)
-        write_result(rank, data)
+def main(config: LlamaTPConfig, rank: Rank) -> LlamaTPResult:
+    """The proofs of every mode, and the timings if asked; rank 0 also prints them."""
+    model = build_llama(config.model, config.seed).to(rank.device)
+    ids, targets = (t.to(rank.device) for t in make_batch(config.model.vocab, config.batch,
+                                                          config.seq, config.seed))
+    one = copy.deepcopy(model)
+    reference, one_kept = _kept(one, lambda on_loss: reference_step(
+        one, ids, targets, config.lr, on_loss=on_loss))
+    modes = [mode_run(rank, config, model, ids, targets, reference, sp) for sp in config.modes]
+    timing = timing_section(rank, config, model, ids, targets) if config.time_steps else None
+    result = LlamaTPResult(config, rank.world_size, rank.backend, rank.reason,
+                           sum(p.numel() for p in model.parameters()), merge_head(one_kept),
+                           modes, timing, torch.get_num_threads())
+    if rank.rank == 0:  # for a terminal: the result and its verdicts, one line
+        print(json.dumps({**result.to_dict(), "verdicts": result.verdicts()}), flush=True)
+    return result
 
 
 if __name__ == "__main__":
-    exit_worker(worker_main(WORKER, main))
+    serve(LlamaTPConfig, main)

@@ -1,0 +1,132 @@
+"""The 3-D training loop: a ``(pp, dp, tp)`` mesh, this rank's stage, 1F1B over ``pp``, AdamW.
+
+Every rank of the mesh runs :func:`train_3d` on the same global batch at every step: its
+data-parallel shard takes its rows, the first stage feeds them to the pipeline, the last
+one computes the loss (under ``loss_parallel`` when ``tp > 1``), and the loss of the whole
+batch is reduced over the mesh. A harness attaches from outside through :class:`Hooks`
+(lesson 10's clock, byte counter, memory meter and checkpoints:
+``helpers.runs.llama_3d.instrumented``); the loop itself knows none of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from helpers.composed.data import MarkovTask
+from helpers.composed.layout import Layout, StageModule, build_stage
+from helpers.models.llama import LMConfig, build_lm
+
+CPU = torch.device("cpu")
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+
+class TrainerConfig(Protocol):
+    """What the loop needs of a launch: the layout, the model, the batch, the optimizer."""
+
+    layout: Layout
+    model: LMConfig
+    seed: int
+    lr: float
+    microbatches: int
+    batch: int
+    seq: int
+    steps: int
+
+    @property
+    def torch_dtype(self) -> torch.dtype: ...
+
+
+@dataclass
+class Trained:
+    """One rank's part of a layout's training, as it stands."""
+
+    mesh: DeviceMesh
+    group: dist.ProcessGroup  # every rank of the mesh
+    module: StageModule
+    optimizer: torch.optim.Optimizer
+    losses: list[float] = field(default_factory=list)  # the whole batch's, one per step
+
+
+class Hooks:
+    """Where a harness attaches to :func:`train_3d`; each hook does nothing here."""
+
+    def start(self, state: Trained) -> int:
+        """Once the stage and its AdamW are built: the first step to run (a resumed run's)."""
+        return 0
+
+    def step(self, step: int) -> contextlib.AbstractContextManager:
+        """Around one step's forward, backward and optimizer step."""
+        return contextlib.nullcontext()
+
+    def end_step(self, step: int, state: Trained) -> None:
+        """After the step's loss is reduced."""
+
+
+def whole(t: torch.Tensor) -> torch.Tensor:
+    """A ``DTensor``'s whole value (a collective over its mesh); a plain tensor as it is."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def mean_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy, the mean over a micro-batch's tokens (the 1F1B schedule divides the
+    summed gradients by the number of micro-batches: the step's gradient is the batch's)."""
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def train_3d(config: TrainerConfig, ranks: list[int] | None = None, *,
+             device: torch.device = CPU, hooks: Hooks | None = None
+             ) -> Trained | None:
+    """Collective over the whole launch (every rank builds the mesh); trains on ``ranks``
+    (default: all), returns what they hold, None on the other ranks."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    layout, hooks = config.layout, hooks or Hooks()
+    ranks = list(range(layout.world_size)) if ranks is None else ranks
+    grid = torch.tensor(ranks).reshape(layout.pp, layout.dp, layout.tp)
+    mesh = DeviceMesh(device.type, grid, mesh_dim_names=("pp", "dp", "tp"))
+    group = dist.new_group(ranks)
+    if dist.get_rank() not in ranks:
+        return None
+    stage, shard = mesh.get_local_rank("pp"), mesh.get_local_rank("dp")
+    last = stage == layout.pp - 1
+    model = build_lm(config.model, seed=config.seed).train().to(device=device,
+                                                                dtype=config.torch_dtype)
+    module = build_stage(model, layout, mesh, stage)
+    state = Trained(mesh, group, module, torch.optim.AdamW(module.parameters(), lr=config.lr))
+    if layout.pp > 1:
+        schedule = Schedule1F1B(PipelineStage(module, stage, layout.pp, device,
+                                              group=mesh["pp"].get_group()),
+                                config.microbatches, loss_fn=mean_loss)
+    parallel_loss = loss_parallel if layout.tp > 1 else contextlib.nullcontext
+    task, rows = MarkovTask(config.model.vocab, config.seed), config.batch // layout.dp
+    for step in range(hooks.start(state), config.steps):
+        ids, targets = (t[shard * rows:(shard + 1) * rows].to(device).clone()  # its own rows
+                        for t in task.batch(config.batch, config.seq, step))
+        state.optimizer.zero_grad()
+        with hooks.step(step):
+            with parallel_loss():
+                if layout.pp == 1:
+                    loss = mean_loss(module(ids), targets)
+                    loss.backward()
+                else:
+                    parts: list[torch.Tensor] = []
+                    schedule.step(*([ids] if stage == 0 else []),
+                                  **({"target": targets, "losses": parts} if last else {}))
+                    loss = (torch.stack([whole(p) for p in parts]).mean() if last
+                            else torch.zeros((), device=device))
+            state.optimizer.step()
+        total = whole(loss).detach().reshape(1).to(torch.float64) * last
+        dist.all_reduce(total, group=group)  # the last stage's dp x tp ranks: their shards' means
+        state.losses.append(total.item() / (layout.dp * layout.tp))
+        hooks.end_step(step, state)
+    return state

@@ -1,0 +1,152 @@
+"""One layout trained by the taught loop (``helpers.composed.training.train_3d``) with the
+lesson's instruments attached from outside, and its record against the one-process run.
+
+:class:`Instruments` are the loop's hooks: they resume from a checkpoint and save one
+after each step (``helpers.composed.checkpoint``, with the weights' fingerprint,
+``digest``); around every step they read the clock, count what each mesh dimension
+sends (``helpers.comm.meter.CommMeter``) and meter the activations kept
+(``measure.StageMeter``); an optimizer pre-hook reads what the rank holds between the
+backward and the update (``measure.held``); and on the first attempt of a run that
+asks for it, one rank kills itself as a step starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+
+from helpers.comm.meter import CommMeter
+from helpers.composed import checkpoint
+from helpers.composed.ledger import predicted_memory, predicted_sent
+from helpers.composed.training import CPU, Hooks, Trained, train_3d
+from helpers.runs.llama_3d.config import TrainerConfig
+from helpers.runs.llama_3d.digest import gathered_fingerprint, parameter_names
+from helpers.runs.llama_3d.measure import StageMeter, held
+from helpers.runs.llama_3d.reference import compare_weights, reference_run
+from helpers.runs.llama_3d.results import DIMS, LayoutRun, RankRecord
+
+
+def attempt() -> int:
+    """torchrun's restart count of this launch (0: the first attempt)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Instruments(Hooks):
+    """What lesson 10 measures of one layout's run, and its checkpoints.
+
+    ``save_at``: the steps after which to save a checkpoint in ``config.checkpoint_dir``
+    (default: every step, when it is set). ``resume_from``: a folder of checkpoints to
+    start from (the one after ``resume_step``; default the newest), instead of
+    ``config.checkpoint_dir`` under ``config.resume``.
+    """
+
+    def __init__(self, config: TrainerConfig, device: torch.device, *,
+                 save_at: tuple[int, ...] = (), resume_from: str = "",
+                 resume_step: int | None = None) -> None:
+        self.config, self.device, self.save_at = config, device, save_at
+        self.resume_from, self.resume_step = resume_from, resume_step
+        self.order = parameter_names(config.model)
+        self.first, self.loaded_ok, self.step_s = 0, None, []
+        self.kept = self.before = 0
+
+    def start(self, state: Trained) -> int:
+        """Resume from a checkpoint if there is one, then attach the meters."""
+        self.state, config = state, self.config
+        folder = checkpoint.latest(self.resume_from
+                                   or (config.checkpoint_dir if config.resume else ""))
+        if self.resume_from and self.resume_step is not None:
+            folder = checkpoint.step_folder(self.resume_from, self.resume_step)
+        if folder is not None:
+            manifest = checkpoint.load(folder, state.module, state.optimizer, config,
+                                       group=state.group)
+            self.first, state.losses[:] = manifest.step + 1, manifest.losses
+            self.loaded_ok = self.fingerprint() == manifest.weights_sha256
+        dims = {d: state.mesh[d].get_group() for d in DIMS if getattr(config.layout, d) > 1}
+        self.comms = CommMeter(dims, timed=True, synchronize=self.device.type == "cuda")
+        self.meter = StageMeter()
+        self.memory = held(state.module, state.optimizer)  # as it stays if no step is left
+        state.optimizer.register_step_pre_hook(self._held)
+        return self.first
+
+    def _held(self, optimizer: torch.optim.Optimizer, *_: object) -> None:
+        """After the backward, before the update: the gradients are there."""
+        self.memory = held(self.state.module, optimizer)
+
+    def fingerprint(self) -> str:
+        """The weights' fingerprint, whatever the layout (collective over the mesh)."""
+        return gathered_fingerprint(self.state.module, self.order, self.state.group)
+
+    @contextlib.contextmanager
+    def step(self, step: int) -> Iterator[None]:
+        """The kill switch, then the step timed, its bytes counted (after the first step,
+        the warm-up) and the activations it keeps metered."""
+        config = self.config
+        if step == config.kill_step and dist.get_rank() == config.kill_rank and not attempt():
+            os.kill(os.getpid(), signal.SIGKILL)  # what a crashed node looks like to the others
+        timed = step > self.first  # the first step warms up (and allocates); not timed
+        self.meter.reset_peak()
+        self.before = max(self.meter.live.values(), default=0)  # kept from an earlier step
+        dist.barrier(group=self.state.group)
+        _sync(self.device)
+        begin = time.perf_counter()
+        # the optimizer's step is counted too: replicated weights' gradients are summed
+        with (self.comms if timed else contextlib.nullcontext()), self.meter:
+            yield
+        self.kept = max(self.meter.peak.values(), default=0) - self.before  # its own peak
+        _sync(self.device)
+        if timed:
+            self.step_s.append(time.perf_counter() - begin)
+
+    def end_step(self, step: int, state: Trained) -> None:
+        """A checkpoint after the step, where the run asks for one."""
+        config = self.config
+        if config.checkpoint_dir and (step in self.save_at if self.save_at else True):
+            checkpoint.save(config.checkpoint_dir, step, state.module, state.optimizer,
+                            config, state.losses, state.group, self.fingerprint())
+
+    def record(self) -> LayoutRun:
+        """Collective over the mesh: every rank's record, against the one-process run."""
+        config, state = self.config, self.state
+        coords = {d: state.mesh.get_local_rank(d) for d in ("pp", "dp", "tp")}
+        ref = reference_run(config, self.device)
+        diff, compared = compare_weights(state.module, ref.weights, state.group,
+                                         coords["dp"] == coords["tp"] == 0)
+        sha = self.fingerprint()
+        memory = self.memory
+        memory.optimizer_state = held(state.module, state.optimizer).optimizer_state
+        memory.activations = self.kept  # AdamW's state after a step; the last step's peak
+        timed, stage = max(len(self.step_s), 1), coords["pp"]
+        mine = RankRecord(dist.get_rank(), coords, memory, predicted_memory(config, stage),
+                          self.before, {d: s / timed for d, s in self.comms.per_group.sent.items()},
+                          predicted_sent(config, stage),
+                          {d: s / timed for d, s in self.comms.per_group.seconds.items()},
+                          self.step_s)
+        ranks: list = [None] * dist.get_world_size(state.group)
+        dist.all_gather_object(ranks, mine, group=state.group)
+        layout = config.layout
+        return LayoutRun(layout.pp, layout.dp, layout.tp, config.dtype, config.lr, state.losses,
+                         ref.losses, diff, ref.grad_scale, compared, len(ref.weights), sha,
+                         ranks, self.first - 1 if self.first else None, attempt(),
+                         self.loaded_ok)
+
+
+def train_layout(config: TrainerConfig, ranks: list[int] | None = None, *,
+                 device: torch.device = CPU, save_at: tuple[int, ...] = (),
+                 resume_from: str = "", resume_step: int | None = None) -> LayoutRun | None:
+    """Collective over the whole launch; the run on ``ranks`` (default: all), recorded
+    on those ranks, None on the others (``Instruments`` says what the options do)."""
+    instruments = Instruments(config, device, save_at=save_at, resume_from=resume_from,
+                              resume_step=resume_step)
+    state = train_3d(config, ranks, device=device, hooks=instruments)
+    return None if state is None else instruments.record()

@@ -1,0 +1,173 @@
+"""Lesson 06: collectives, the hand-written ZeRO stages against DDP, ledgers and bytes.
+
+Ranks are threads of this process, each with its own gloo process group
+(``helpers.torchrun.in_notebook.run_ranks``): the collectives really communicate.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from helpers.comm.collectives import (
+    COLLECTIVES,
+    expected_result,
+    fit_alpha_beta,
+    rank_input,
+    ring_bytes,
+    run_collective,
+)
+from helpers.comm.meter import CommMeter
+from helpers.data_parallel.zero import check_divisible, validate_stage
+from helpers.models.llama import build_lm, lm_config
+from helpers.runs.contract import launch
+from helpers.runs.data_parallel.config import DataParallelConfig
+from helpers.runs.data_parallel.results import ZERO_STAGE, DataParallelResult
+from helpers.torchrun.in_notebook import registered, run_ranks
+
+TINY = lm_config(vocab=64, hidden=16, blocks=2)  # a block (4,128 weights) outweighs the head
+
+
+def _ok(results: list) -> list:
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return results
+
+
+def test_ring_bytes_follow_the_ring_and_refuse_bad_input():
+    assert ring_bytes("all_reduce", 4, 1000) == 1500
+    assert ring_bytes("reduce_scatter", 4, 1000) + ring_bytes("all_gather", 4, 1000) == 1500
+    assert ring_bytes("broadcast", 4, 1000) == 1000
+    assert all(ring_bytes(c, 1, 1000) == 0 for c in COLLECTIVES)
+    with pytest.raises(ValueError, match="unknown collective 'allreduce'; valid choices: all_reduce"):
+        ring_bytes("allreduce", 2, 10)
+    with pytest.raises(ValueError, match="world_size=0"):
+        ring_bytes("all_reduce", 0, 10)
+
+
+def test_alpha_beta_fit_recovers_a_line_and_its_residuals():
+    sent = [1e3, 1e4, 1e5, 1e6]
+    fit = fit_alpha_beta("all_reduce", sent, [2e-5 + b / 1e9 for b in sent])
+    assert fit.alpha_s == pytest.approx(2e-5) and fit.bandwidth == pytest.approx(1e9)
+    assert max(abs(r) for r in fit.relative_residuals) < 1e-9
+    with pytest.raises(ValueError, match="at least 2"):
+        fit_alpha_beta("all_reduce", [1.0], [1.0])
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_each_collective_computes_what_it_says_and_is_counted(world_size):
+    def work(rank, group):
+        out = {}
+        for name in COLLECTIVES:
+            inputs = [rank_input(r, 4 * world_size) for r in range(world_size)]
+            counter = CommMeter()
+            with counter, registered(group):
+                got = run_collective(name, inputs[rank], rank, world_size, group)
+            out[name] = (torch.equal(got, expected_result(name, inputs, rank)),
+                         counter.per_collective.sent[name], counter.per_collective.calls[name])
+        return out
+
+    for result in _ok(run_ranks(world_size, work)):
+        for name, (equal, sent, calls) in result.items():
+            assert equal, name
+            assert calls == 1 and sent == ring_bytes(name, world_size, 16 * world_size), name
+
+
+def test_the_clock_at_the_doors_counts_what_the_dispatcher_counts():
+    """Timed, the meter wraps torch.distributed's functions for the whole process (both
+    thread ranks): the same calls and bytes as the two counters at the dispatcher."""
+    def work(rank, group):
+        counter = CommMeter()
+        with counter, registered(group):
+            for name in COLLECTIVES:
+                run_collective(name, rank_input(rank, 8), rank, 2, group)
+        return counter.per_collective
+
+    with CommMeter(timed=True) as clock:
+        counted = _ok(run_ranks(2, work))
+    for what in ("calls", "sent"):
+        both = sum((getattr(c, what) for c in counted), Counter())
+        assert getattr(clock.per_collective, what) == both, what
+    assert set(clock.per_collective.seconds) == set(COLLECTIVES)
+    assert clock.per_group.calls == {"other": 8}
+
+
+def test_bad_stages_and_indivisible_parameters_are_refused():
+    for bad in (0, 4, "2", True):
+        with pytest.raises(ValueError, match="valid choices: 1, 2, 3"):
+            validate_stage(bad)
+    with pytest.raises(ValueError, match=r"parameter 'embed.weight' has 1024 elements, which do "
+                                         r"not divide by 3 ranks"):
+        check_divisible(build_lm(TINY), 3)
+
+
+def test_config_refuses_bad_choices_before_any_launch():
+    config = DataParallelConfig(model=TINY, batch=8, seq=8)
+    assert config.ranks() == 2
+    with pytest.raises(ValueError, match=r"batch of 8 sequences does not split over 3 ranks; "
+                                         r"valid world sizes: \[1, 2, 4, 8\]"):
+        launch(config, nproc=3)
+    with pytest.raises(ValueError, match="accumulation=3 micro-steps"):
+        replace(config, accumulation=3).validate(2)
+    with pytest.raises(ValueError, match="accumulation=0; valid: an integer >= 1"):
+        replace(config, accumulation=0).validate(2)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="device='cuda' .* 0 GPU"):
+            launch(replace(config, device="cuda"), nproc=2)
+    with pytest.raises(ValueError, match="device='tpu'; valid choices: auto, cpu, cuda"):
+        replace(config, device="tpu").validate(2)
+    assert DataParallelConfig.from_args(config.args()) == config
+    with pytest.raises(SystemExit):  # argparse: unknown flag
+        DataParallelConfig.from_args([*config.args(), "--bogus", "1"])
+
+
+def test_worker_help_describes_every_flag_and_its_result_is_typed():
+    text = DataParallelConfig.parser().format_help()
+    for flag in ("--model-vocab", "--model-hidden", "--model-blocks", "--batch", "--seq",
+                 "--accumulation", "--bucket-cap-mb", "--collective-sizes", "--device"):
+        assert flag in text, flag
+    assert DataParallelConfig.result_type() is DataParallelResult
+
+
+def test_group_of_threads_is_real():
+    """The thread ranks above really talk: an all-reduce sums over them."""
+    def work(rank, group):
+        t = torch.tensor([float(rank + 1)])
+        dist.all_reduce(t, group=group)
+        return t.item()
+
+    assert _ok(run_ranks(2, work)) == [3.0, 3.0]
+
+
+@pytest.mark.torchrun
+def test_every_technique_on_two_processes_equals_one_process_and_its_prediction():
+    """The lesson's launch at a tiny size: every proof, every ledger, every byte count.
+
+    In real processes: DDP and ZeRO-2/3 communicate inside the backward (in gradient
+    hooks), and two threads' backward passes in one process may run each other's hooks,
+    so threads cannot stand in for ranks here."""
+    config = DataParallelConfig(model=TINY, batch=4, seq=8, collective_sizes=(2**10, 2**12),
+                                repeats=1, warmup=1, collective_repeats=2, steps=1, device="cpu")
+    result = launch(config, nproc=2, timeout=240)
+    assert result.config == config
+    assert DataParallelResult.from_dict(result.to_dict()) == result
+    assert result.ok, result.proof_lines()
+    measured, predicted = result.measured_ledgers(), result.predicted_ledgers()
+    assert list(measured.rows) == list(ZERO_STAGE) and measured.matches(predicted)
+    one = ring_bytes("all_reduce", 2, result.weight_bytes)
+    factors = {"DDP": 1, "ZeRO-1": 1, "ZeRO-2": 1, "ZeRO-3": 1.5, "FSDP2": 1.5,
+               "FSDP2 no reshard": 1}
+    for name, factor in factors.items():
+        assert result.runs[name].total_sent == factor * one, name
+    assert result.runs["FSDP2 bf16"].sent["all_gather"] == one / 2  # 16-bit, gathered twice
+    assert result.no_sync_all_reduces == [0, 1] and result.first_step_buckets == 1
+    fsdp = result.runs["FSDP2"].tracker
+    assert fsdp.sharded_params == result.weight_bytes // 2
+    # stage 2's gradients and stage 3's weights: half, plus one whole unit (a block here)
+    block = 4 * sum(p.numel() for p in build_lm(config.model).blocks[0].parameters())
+    assert measured["ZeRO-2"].grads == measured["ZeRO-3"].weights == result.weight_bytes // 2 + block

@@ -1,0 +1,180 @@
+"""The small Llama composed over a (pp, dp, tp) mesh (lesson 10): refusals, the taught loop
+without a harness, and launches proving a 3-D layout, a checkpoint that reshards and a
+killed rank against one process.
+
+The verdicts are ``results.LayoutRun``'s (its tolerances are named there); these tests
+check that they are reached, and what a verdict alone would not say (which step a run
+resumed from, that the weights are identical bit for bit, that nothing is left running).
+"""
+
+import shutil
+from dataclasses import replace
+
+import pytest
+
+from helpers.composed.checkpoint import check, load_one_process, step_folder
+from helpers.composed.layout import Layout
+from helpers.core.errors import FolderError
+from helpers.runs.contract import launch
+from helpers.runs.llama_3d.config import SMALL_LLAMA, SuiteConfig, TrainerConfig
+from helpers.runs.llama_3d.digest import fingerprint, parameter_hashes
+from helpers.runs.llama_3d.processes import survivors
+
+# a fast model, the same layouts
+SMALL = {"model": replace(SMALL_LLAMA, vocab=32, hidden=32, ffn=64), "seq": 8}
+
+
+def other_model(config: TrainerConfig, **change: object) -> TrainerConfig:
+    return replace(config, model=replace(config.model, **change))
+
+
+@pytest.mark.parametrize(
+    ("change", "world", "named"),
+    [
+        ({"dp": 2, "tp": 2}, 2, ["= 4", "world size is 2"]),
+        ({"pp": 3}, 3, ["pp=3", "valid pp: [1, 2, 4]"]),
+        ({"pp": 8}, 8, ["pp=8", "4 blocks"]),
+        ({"tp": 3}, 3, ["tp=3", "heads=4"]),
+        ({"dp": 3}, 3, ["batch=8", "dp=3"]),
+        ({"dp": 2, "microbatches": 3}, 2, ["microbatches=3", "4 sequences"]),
+        ({"pp": 2, "microbatches": 1}, 2, ["microbatches=1 < pp=2"]),
+        ({"steps": 0}, 1, ["--steps 0"]),
+        ({"dtype": "float16"}, 1, ["float16", "float32, float64"]),
+        ({"device": "tpu"}, 1, ["tpu", "auto, cpu, cuda"]),
+        ({"kill_rank": 1}, 2, ["--kill-rank 1", "both set"]),
+        ({"dp": 2, "kill_rank": 1, "kill_step": 1}, 2, ["--resume"]),
+        ({"kill_rank": 4, "kill_step": 1, "checkpoint_dir": "x", "resume": True}, 1,
+         ["a rank below 1"]),
+    ],
+)
+def test_bad_layouts_are_refused_with_the_valid_choices(change, world, named):
+    with pytest.raises(ValueError) as error:
+        TrainerConfig(**change).validate(world)
+    assert all(part in str(error.value) for part in named), str(error.value)
+
+
+def test_the_suite_refuses_a_world_that_is_not_8_and_a_late_checkpoint():
+    with pytest.raises(ValueError, match="4 ranks; valid: 8"):
+        SuiteConfig().validate(4)
+    with pytest.raises(ValueError, match="save_step=2; valid: 0 .. 1"):
+        SuiteConfig(steps=4, save_step=2).validate(8)
+    assert SuiteConfig().ranks() == 8 and TrainerConfig(dp=2, pp=2).ranks() == 4
+
+
+def test_layout_names_and_flags_round_trip():
+    assert str(Layout(2, 2, 2)) == "dp=2 x tp=2 x pp=2" and str(Layout()) == "one device"
+    config = TrainerConfig(dp=2, pp=2, reference=True, dtype="float64", kill_rank=1,
+                           kill_step=2, checkpoint_dir="d", resume=True)
+    assert TrainerConfig.from_args(config.args()) == config
+    suite = SuiteConfig(steps=6, dtype="float32", **SMALL)
+    assert SuiteConfig.from_args(suite.args()) == suite
+    assert "--model-kv-heads" in suite.args()
+
+
+def test_the_run_configs_read_the_profile():
+    from helpers.profiles import get_profile
+
+    profile = get_profile("smoke")
+    suite = SuiteConfig.for_profile(profile)
+    assert suite.model == profile.composed.model and suite.steps == profile.composed.steps
+    assert suite.dtype == "float64" and suite.trainer(Layout(dp=2)).model == suite.model
+    assert TrainerConfig.for_profile(profile, dp=2).batch == profile.composed.batch
+
+
+def test_the_taught_loop_trains_without_a_harness_and_calls_its_hooks_in_order(tmp_path):
+    """One process, gloo: ``train_3d`` alone equals the one-process run exactly; a hook
+    sees the start, each step around its update, and each step's end."""
+    import contextlib
+
+    import torch.distributed as dist
+
+    from helpers.composed.training import Hooks, train_3d
+    from helpers.runs.llama_3d.reference import reference_run
+
+    calls = []
+
+    class Recording(Hooks):
+        def start(self, state):
+            calls.append("start")
+            return 0
+
+        @contextlib.contextmanager
+        def step(self, step):
+            calls.append(f"step {step}")
+            yield
+            calls.append(f"updated {step}")
+
+        def end_step(self, step, state):
+            calls.append(f"end {step} ({len(state.losses)} losses)")
+
+    config = TrainerConfig(steps=2, dtype="float64", **SMALL)
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0,
+                            world_size=1)
+    try:
+        state = train_3d(config, hooks=Recording())
+    finally:
+        dist.destroy_process_group()
+    assert state.losses == reference_run(config).losses
+    assert calls == ["start", "step 0", "updated 0", "end 0 (1 losses)", "step 1",
+                     "updated 1", "end 1 (2 losses)"]
+
+
+@pytest.mark.torchrun
+@pytest.mark.slow
+def test_the_3d_layout_trains_the_one_process_model_and_its_ranks_match_their_ledgers():
+    """dp x tp x pp = 2 x 2 x 2 on 8 ranks, float64: every loss and the final weights
+    within the named tolerances; every rank's memory and bytes per mesh dimension as
+    predicted."""
+    run = launch(TrainerConfig(dp=2, tp=2, pp=2, steps=3, dtype="float64", **SMALL),
+                 timeout=300)
+    assert run.ok, run.report()
+    assert run.weights_compared == run.parameters and len(run.ranks) == 8
+    assert {r.rank for r in run.ranks} == set(range(8))
+    assert all(r.state_ok and r.sent_ok and r.ledger_ok for r in run.ranks)
+    assert all(set(r.sent) == {"dp", "tp", "pp"} for r in run.ranks)
+    assert survivors() == []
+
+
+@pytest.mark.torchrun
+@pytest.mark.slow
+def test_a_checkpoint_saved_under_one_layout_resumes_under_another(tmp_path):
+    """pp=2 x tp=2 trains 2 steps and saves after each; dp=2 resumes and finishes 4 steps,
+    equal to the one-process run; one process loads the checkpoint with the same
+    fingerprint; incomplete folders and other models are refused by name."""
+    first = TrainerConfig(pp=2, tp=2, steps=2, checkpoint_dir=str(tmp_path), dtype="float64")
+    saved = launch(first, timeout=240)
+    manifest = check(step_folder(tmp_path, 1), first)
+    assert manifest.step == 1 and manifest.weights_sha256 == saved.weights_sha256
+    assert manifest.layout == "tp=2 x pp=2" and len(manifest.losses) == 2
+    second = replace(first, pp=1, tp=1, dp=2, steps=4, resume=True)
+    resumed = launch(second, timeout=240)
+    assert resumed.resumed_from == 1 and resumed.loaded_ok and resumed.ok, resumed.report()
+    assert resumed.losses[-1] < resumed.losses[0] - 0.3  # it learns
+    model, _, read = load_one_process(step_folder(tmp_path, 1), second)
+    order = [n for n, _ in model.named_parameters()]
+    assert fingerprint(parameter_hashes(model.named_parameters()), order) == read.weights_sha256
+    with pytest.raises(FolderError, match="hidden=64 in the checkpoint, 32 here"):
+        check(step_folder(tmp_path, 1), other_model(second, hidden=32))
+    with pytest.raises(FolderError, match="dtype=float64 in the checkpoint, float32 here"):
+        check(step_folder(tmp_path, 1), replace(second, dtype="float32"))
+    broken = tmp_path / "broken"
+    shutil.copytree(step_folder(tmp_path, 1), broken)
+    (broken / ".metadata").unlink()
+    with pytest.raises(FolderError, match="missing"):
+        check(broken, second)
+
+
+@pytest.mark.torchrun
+@pytest.mark.slow
+def test_a_rank_killed_mid_training_is_restarted_and_ends_with_the_same_weights(tmp_path):
+    """Rank 1 SIGKILLs itself as step 2 starts; torchrun --max-restarts=1 restarts both
+    ranks, which resume after step 1: the same losses and weights, bit for bit, as a run
+    that was never interrupted, and no process left."""
+    config = TrainerConfig(dp=2, steps=4, **SMALL)
+    plain = launch(config, timeout=240)
+    killed = replace(config, checkpoint_dir=str(tmp_path), resume=True, kill_rank=1,
+                     kill_step=2)
+    run = launch(killed, restarts=1, timeout=240)
+    assert run.attempt == 1 and run.resumed_from == 1 and plain.attempt == 0
+    assert run.losses == plain.losses and run.weights_sha256 == plain.weights_sha256
+    assert survivors() == []
