@@ -7,7 +7,9 @@ has sent (N - 1)/N x S. All-gather passes the finished chunks round N - 1 more t
 forwards the whole tensor once per rank: S. These are the volumes of the bandwidth-optimal
 algorithms (Patarasuk and Yuan 2009; NCCL's ring); a library may pick another algorithm
 for small tensors, so these are each collective's volume, not a packet capture
-(:class:`helpers.comm.meter.CommMeter` counts them on a rank).
+(:class:`helpers.comm.meter.CommMeter` counts them on a rank). gloo on torch 2.14 runs a
+reduce-scatter as an all-reduce of a copy followed by a slice, so on gloo a reduce-scatter
+puts an all-reduce's bytes on the wire, twice the volume given here.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ class StageMeter(SavedTensorMeter):
         super().__init__(nn.Module())
 
     def _pack(self, tensor: torch.Tensor) -> object:
-        if tensor.is_meta:  # the pipeline's shape inference, not a step
+        if tensor.is_meta:  # holds no memory (torch 2.14's shape inference uses real tensors)
             return tensor
         base = tensor if tensor._base is None else tensor._base
         if isinstance(base, nn.Parameter):  # a weight, or a view of one (its transpose)
