@@ -186,7 +186,7 @@ def launch(config: RunConfig, *, nproc: int | None = None, nnodes: int = 1,
     config.validate(world)
     config.before_launch(world)
     if nnodes == 1:
-        data = launcher.launch(config.WORKER, config.args(), nproc=per_node, timeout=timeout,
+        data = launcher.run_module(config.WORKER, config.args(), nproc=per_node, timeout=timeout,
                                restarts=restarts, **launcher_options)
     else:
         data = multinode.launch_nodes(config.WORKER, config.args(), nnodes=nnodes,

@@ -157,7 +157,7 @@ def _port_clash(launcher_log: Path) -> bool:
     return "Address already in use" in text or "EADDRINUSE" in text
 
 
-def launch(
+def run_module(
     module: str,
     args: Sequence[str] = (),
     *,

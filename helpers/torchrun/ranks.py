@@ -32,7 +32,7 @@ def torchrun_world_size(module: str) -> int:
         raise NotUnderTorchrunError(
             f"{module} is one rank of a torchrun launch, but {', '.join(missing)} "
             f"{'is' if len(missing) == 1 else 'are'} not set; launch it with "
-            f"`torchrun --nproc-per-node=2 -m {module} ...` (or helpers.torchrun.launcher.launch)"
+            f"`torchrun --nproc-per-node=2 -m {module} ...` (or helpers.torchrun.launcher.run_module)"
         )
     return int(os.environ["WORLD_SIZE"])
 

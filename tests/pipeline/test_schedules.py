@@ -111,7 +111,7 @@ def test_chunks_are_placed_round_robin_and_cover_the_model():
 def test_bad_choices_are_refused_before_any_launch(args, words, monkeypatch):
     with pytest.raises(ValueError, match=words):
         validate_plan(*args)
-    monkeypatch.setattr("helpers.torchrun.launcher.launch",
+    monkeypatch.setattr("helpers.torchrun.launcher.run_module",
                         lambda *a, **k: pytest.fail("launched despite a bad choice"))
     name, ranks, m, blocks, batch = args
     config = SchedulesConfig(m, batch, width=8, blocks=blocks, steps=1, processes=ranks,
@@ -121,7 +121,7 @@ def test_bad_choices_are_refused_before_any_launch(args, words, monkeypatch):
 
 
 def test_a_launch_on_another_number_of_ranks_is_refused(monkeypatch):
-    monkeypatch.setattr("helpers.torchrun.launcher.launch",
+    monkeypatch.setattr("helpers.torchrun.launcher.run_module",
                         lambda *a, **k: pytest.fail("launched despite a bad choice"))
     config = SchedulesConfig(microbatches=4, batch=32, width=8, blocks=4)
     assert config.ranks() == 2 and config.validate(2) is config

@@ -10,7 +10,7 @@ import pytest
 
 from helpers.core.errors import LaunchError
 from helpers.runs.tp_ffn.results import NativeRun, TPRun
-from helpers.torchrun.launcher import launch
+from helpers.torchrun.launcher import run_module
 from helpers.tp_demo import config_of, main, parser
 
 HERE = Path(__file__).resolve().parent
@@ -106,7 +106,7 @@ def test_tp_mode_without_torchrun_says_how_to_launch(tmp_path, capsys, monkeypat
 def test_two_gloo_ranks_match_native(tmp_path):
     _, native, shards, args = _native(tmp_path, 2)
     tp = TPRun.from_dict(
-        launch("helpers.tp_demo", args, nproc=2, timeout=240, log_dir=tmp_path / "logs"))
+        run_module("helpers.tp_demo", args, nproc=2, timeout=240, log_dir=tmp_path / "logs"))
     native = NativeRun.from_dict(native)
     assert tp.world_size == 2 and tp.backend == "gloo" and tp.shape == native.shape
     assert native.sums_match(tp.checksum), (native, tp.checksum)
@@ -128,7 +128,7 @@ def test_two_gloo_ranks_match_native(tmp_path):
 def test_missing_shards_fail_with_the_ranks_message(tmp_path):
     args = [*SMALL, "--world_size", "2", "--shard_dir", str(tmp_path / "nothing")]
     with pytest.raises(LaunchError, match="failed") as info:
-        launch("helpers.tp_demo", args, nproc=2, timeout=240, log_dir=tmp_path / "logs")
+        run_module("helpers.tp_demo", args, nproc=2, timeout=240, log_dir=tmp_path / "logs")
     assert "manifest.json is missing" in info.value.log_tail
 
 

@@ -13,7 +13,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 
 from helpers.core.errors import LaunchError
 from helpers.torchrun import launcher
-from helpers.torchrun.launcher import free_port, launch, validate_port
+from helpers.torchrun.launcher import free_port, run_module, validate_port
 from helpers.torchrun.ranks import RESULT_ENV
 
 HERE = Path(__file__).resolve().parent
@@ -32,7 +32,7 @@ def probe(tmp_path):
 
     def run(mode, nproc=2, **kwargs):
         kwargs.setdefault("log_dir", tmp_path / "logs")
-        return launch("launch_probe", [mode], nproc=nproc, env=env, **kwargs)
+        return run_module("launch_probe", [mode], nproc=nproc, env=env, **kwargs)
 
     run.pids = pids
     return run
@@ -185,7 +185,7 @@ def _children(pid: int) -> list[int]:
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux's")
 def test_a_launch_ends_when_its_launching_process_is_killed_hard(tmp_path):
-    """SIGKILL the process that called ``launch`` mid-launch (as a crashed kernel would die):
+    """SIGKILL the process that called ``run_module`` mid-launch (as a crashed kernel would die):
     the torchrun agent and both ranks (one of them hanging) must end too."""
     import signal
     import time
@@ -193,8 +193,8 @@ def test_a_launch_ends_when_its_launching_process_is_killed_hard(tmp_path):
     pids = tmp_path / "pids"
     pids.mkdir()
     script = (
-        "from helpers.torchrun.launcher import launch\n"
-        f"launch('launch_probe', ['hang'], nproc=2, timeout=600, log_dir={str(tmp_path / 'logs')!r},"
+        "from helpers.torchrun.launcher import run_module\n"
+        f"run_module('launch_probe', ['hang'], nproc=2, timeout=600, log_dir={str(tmp_path / 'logs')!r},"
         f" env={{'PYTHONPATH': {str(HERE)!r}, 'PROBE_PID_DIR': {str(pids)!r}}})\n"
     )
     parent = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)
@@ -370,7 +370,7 @@ def test_launch_returns_rank_0s_result_and_sets_the_environment(stand_in, tmp_pa
     (logs / "result.json").write_text('{"stale": true}')
     port = launcher.free_port()
     env = {"GUARD_EXTRA": "given", "OMP_NUM_THREADS": "9"}
-    result = launcher.launch(
+    result = launcher.run_module(
         "pkg.worker", ["--x", "1"], nproc=3, threads_per_rank=2, port=port, log_dir=logs, env=env
     )
     assert result["argv"] == ["pkg.worker", "3", str(port), str(logs), "--x", "1"]
@@ -387,16 +387,16 @@ def test_a_launch_in_its_own_log_folder_leaves_nothing_after_success(
     stand_in, tmp_path, monkeypatch
 ):
     stand_in(REPORT)
-    result = launcher.launch("pkg.sub.worker", nproc=1)
+    result = launcher.run_module("pkg.sub.worker", nproc=1)
     used = Path(result["argv"][3])
     assert used.parent == tmp_path / "launches"
     assert used.name.startswith("worker-") and used.name[7:15].isdigit() and used.name[15] == "-"
     assert result["env"]["OMP_NUM_THREADS"] == "1" and not used.exists()
-    again = Path(launcher.launch("worker", nproc=1)["argv"][3])  # same base folder, no package
+    again = Path(launcher.run_module("worker", nproc=1)["argv"][3])  # same base folder, no package
     assert again.parent == used.parent and again.name.startswith("worker-")
     monkeypatch.delenv(launcher.LOG_DIR_ENV)  # the default: results/logs
     monkeypatch.setattr(launcher, "results_path", lambda name: tmp_path / "results" / name)
-    used = Path(launcher.launch("pkg.mod", nproc=1)["argv"][3])
+    used = Path(launcher.run_module("pkg.mod", nproc=1)["argv"][3])
     assert used.parent == tmp_path / "results" / "logs" and used.name.startswith("mod-")
     assert list(used.parent.iterdir()) == []
 
@@ -412,7 +412,7 @@ def test_a_failed_launch_names_the_root_cause_rank_and_shows_its_log(stand_in, t
         "sys.exit(3)\n"
     )
     with pytest.raises(LaunchError) as error:
-        launcher.launch("pkg.worker", nproc=2, log_dir=tmp_path / "deep" / "logs")
+        launcher.run_module("pkg.worker", nproc=2, log_dir=tmp_path / "deep" / "logs")
     assert str(error.value).startswith("pkg.worker failed (exit code 3) on rank 5; logs in logs\n")
     assert error.value.rank == 5 and not error.value.port_clash  # its log is local rank 1's
     assert error.value.log_tail.splitlines()[:2] == ["--- rank 1 stderr.log ---", "line 15"]
@@ -424,7 +424,7 @@ def test_a_failed_launch_names_the_root_cause_rank_and_shows_its_log(stand_in, t
 def test_an_unknown_failing_rank_and_a_port_clash(stand_in, tmp_path):
     stand_in("import sys; print('bind failed: EADDRINUSE'); sys.exit(1)")
     with pytest.raises(LaunchError) as error:
-        launcher.launch("pkg.worker", nproc=2, port=launcher.free_port(), log_dir=tmp_path / "l")
+        launcher.run_module("pkg.worker", nproc=2, port=launcher.free_port(), log_dir=tmp_path / "l")
     assert "failed (exit code 1) on rank ?; logs in l\n(no log files for rank 0)" in str(
         error.value
     )
@@ -440,7 +440,7 @@ def test_a_launch_that_writes_no_result_is_an_error(stand_in, tmp_path):
     with pytest.raises(
         LaunchError, match=r"^pkg\.worker finished but rank 0 wrote no result; logs in logs$"
     ):
-        launcher.launch("pkg.worker", nproc=1, log_dir=logs)
+        launcher.run_module("pkg.worker", nproc=1, log_dir=logs)
 
 
 def test_a_hung_launch_is_killed_at_its_timeout(stand_in, tmp_path, monkeypatch):
@@ -458,7 +458,7 @@ def test_a_hung_launch_is_killed_at_its_timeout(stand_in, tmp_path, monkeypatch)
     (rank0 / "stdout.log").write_text("\n".join(f"step {i}" for i in range(20)))
     start = time.time()
     with pytest.raises(LaunchError) as error:
-        launcher.launch("pkg.worker", nproc=2, timeout=0.5, log_dir=tmp_path / "logs")
+        launcher.run_module("pkg.worker", nproc=2, timeout=0.5, log_dir=tmp_path / "logs")
     assert time.time() - start < 10
     try:
         assert started[0].poll() == -signal.SIGTERM  # its whole process group was ended
@@ -495,22 +495,22 @@ def test_launch_retries_a_picked_port_taken_meanwhile_but_nothing_else(monkeypat
         monkeypatch.setattr(launcher, "_launch_once", once)
 
     once_failing(["clash", "clash", "ok"])
-    assert launcher.launch("m", nproc=1) == {"port": 40003} and attempts == [40001, 40002, 40003]
+    assert launcher.run_module("m", nproc=1) == {"port": 40003} and attempts == [40001, 40002, 40003]
     attempts.clear()
     once_failing(["clash", "clash", "clash", "ok"])
     with pytest.raises(LaunchError, match="clash"):
-        launcher.launch("m", nproc=1)
+        launcher.run_module("m", nproc=1)
     assert len(attempts) == 3
     attempts.clear()
     once_failing(["broken", "ok"])
     with pytest.raises(LaunchError, match="broken"):
-        launcher.launch("m", nproc=1)
+        launcher.run_module("m", nproc=1)
     assert len(attempts) == 1
     attempts.clear()
     once_failing(["clash", "ok"])
     with pytest.raises(LaunchError, match="clash"):
-        launcher.launch("m", nproc=1, port=29999)  # a port the caller chose is not changed
+        launcher.run_module("m", nproc=1, port=29999)  # a port the caller chose is not changed
     assert attempts == [29999]
     for bad in (0, 1.5):
         with pytest.raises(ValueError, match=rf"^nproc={bad!r}; valid: an integer >= 1$"):
-            launcher.launch("m", nproc=bad)
+            launcher.run_module("m", nproc=bad)
