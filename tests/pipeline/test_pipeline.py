@@ -149,7 +149,7 @@ def test_a_launch_with_the_wrong_process_count_is_refused_before_it_starts(monke
     """launch checks nproc against the cut before torchrun runs at all."""
     import helpers.torchrun.launcher as launcher
 
-    monkeypatch.setattr(launcher, "launch", lambda *a, **k: pytest.fail("launched"))
+    monkeypatch.setattr(launcher, "run_module", lambda *a, **k: pytest.fail("launched"))
     config = PipelineConfig(8, 32, (("gpipe", 4),), ("layer3_1",))
     with pytest.raises(ValueError, match="2 stages but 3 processes"):
         launch(config, nproc=3)

@@ -212,7 +212,7 @@ def test_bad_choices_are_refused_before_any_launch(change, nproc, named, monkeyp
     def no_launch(*args, **kwargs):
         raise AssertionError("launched")
 
-    monkeypatch.setattr(contract.launcher, "launch", no_launch)
+    monkeypatch.setattr(contract.launcher, "run_module", no_launch)
     with pytest.raises(ValueError) as error:
         launch(_changed(**change), nproc=nproc)
     assert all(part in str(error.value) for part in named), str(error.value)
