@@ -6,10 +6,14 @@ has sent (N - 1)/N x S. All-gather passes the finished chunks round N - 1 more t
 (N - 1)/N x S. All-reduce is the two in a row: 2(N - 1)/N x S. Broadcast along the ring
 forwards the whole tensor once per rank: S. These are the volumes of the bandwidth-optimal
 algorithms (Patarasuk and Yuan 2009; NCCL's ring); a library may pick another algorithm
-for small tensors, so these are each collective's volume, not a packet capture
-(:class:`helpers.comm.meter.CommMeter` counts them on a rank). gloo on torch 2.14 runs a
-reduce-scatter as an all-reduce of a copy followed by a slice, so on gloo a reduce-scatter
-puts an all-reduce's bytes on the wire, twice the volume given here.
+for small tensors, so these are each collective's volume, not a packet capture.
+
+gloo, the backend of every CPU run here, runs two of them differently (:func:`gloo_bytes`):
+a reduce-scatter is an all-reduce of a copy followed by a slice (torch 2.14's
+``ProcessGroupGloo``), so it sends an all-reduce's 2(N - 1)/N x S, twice the ring's; and a
+broadcast is a binomial tree (gloo's ``broadcast.cc``): the root sends the tensor to
+log2(N) ranks, a leaf sends nothing. :class:`helpers.comm.wire.WireMeter` reads what was
+actually sent from the kernel's socket counters.
 """
 
 from __future__ import annotations
@@ -58,6 +62,27 @@ def ring_bytes(collective: str, world_size: int, nbytes: float) -> float:
     share = (n - 1) / n * nbytes
     return {"all_reduce": 2 * share, "reduce_scatter": share, "all_gather": share,
             "broadcast": float(nbytes)}[collective]
+
+
+def gloo_bytes(collective: str, world_size: int, nbytes: float, rank: int = 0,
+               root: int = 0) -> float:
+    """Bytes rank ``rank`` of a gloo group sends for ``collective`` of a full tensor of
+    ``nbytes``, by gloo's algorithms (payload only: each message also carries 48 bytes of
+    header). All-reduce and all-gather are rings; a reduce-scatter is an all-reduce; a
+    broadcast from ``root`` is a binomial tree."""
+    validate_collective(collective)
+    if collective == "reduce_scatter":
+        return ring_bytes("all_reduce", world_size, nbytes)
+    if collective != "broadcast":
+        return ring_bytes(collective, world_size, nbytes)
+    ring_bytes(collective, world_size, nbytes)  # the same checks of world_size
+    if not 0 <= rank < world_size or not 0 <= root < world_size:
+        raise ValueError(f"rank={rank!r}, root={root!r}; valid: 0 to {world_size - 1}")
+    virtual = (rank - root) % world_size  # the root is virtual rank 0
+    # in round i the ranks below 2**i send to the rank 2**i above them, if there is one
+    children = sum(1 for i in range(max(world_size - 1, 0).bit_length())
+                   if virtual < 2 ** i and virtual + 2 ** i < world_size)
+    return float(children * nbytes)
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,19 @@
-"""Calls, bytes sent and seconds of the collectives a rank issues, per process group and
-per collective: one instrument, :class:`CommMeter`.
+"""Calls, bytes and seconds of the collectives a rank issues, per process group and per
+collective: one instrument, :class:`CommMeter`.
 
 ``with CommMeter(groups) as meter:`` charges each collective issued inside to the name
 ``groups`` gives its process group (a mesh dimension's: ``{"dp": mesh["dp"].get_group()}``;
-any other group is ``"other"``) and to the collective. ``sent`` is what this rank sends,
-by the ring formula (:func:`~helpers.comm.collectives.ring_bytes`), or for a pipeline's
-send the bytes of the tensors sent. It listens at one of two places:
+any other group is ``"other"``) and to the collective, with the bytes this rank sends for
+it three ways:
+
+- ``ring``: by the ring formula (:func:`~helpers.comm.collectives.ring_bytes`), what NCCL's
+  ring sends; for a pipeline's send, the bytes of the tensors sent;
+- ``gloo``: by gloo's algorithms (:func:`~helpers.comm.collectives.gloo_bytes`), what this
+  run's backend sends for the same calls (a reduce-scatter is an all-reduce on gloo);
+- ``meter.wire``: what left this process, read from the kernel's socket counters
+  (:class:`~helpers.comm.wire.WireMeter`), for the whole ``with``, store traffic apart.
+
+It listens at one of two places:
 
 - untimed (the default), at the dispatcher: ``torch.distributed`` sends every collective
   through it as a ``c10d`` operator, whoever issues it (our code, DDP's C++ reducer,
@@ -37,7 +45,8 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from helpers.comm.collectives import ring_bytes
+from helpers.comm.collectives import gloo_bytes, ring_bytes
+from helpers.comm.wire import WireMeter
 from helpers.memory.measure import nbytes
 
 OTHER = "other"  # the name of every group the mapping does not name
@@ -70,24 +79,41 @@ def _bytes(value: object) -> int:
     return sum(nbytes(t) for t in tensors if isinstance(t, torch.Tensor))
 
 
+def _root(func: object, args: tuple) -> int:
+    """The root (group rank) of a dispatched broadcast; 0 for any other collective."""
+    names = [a.name for a in func._schema.arguments]
+    return int(args[names.index("root_rank")]) if "root_rank" in names else 0
+
+
+def _group_root(group: dist.ProcessGroup, bound: dict) -> int:
+    """The root (group rank) of a ``dist.broadcast`` call, given its bound arguments."""
+    if bound.get("group_src") is not None:
+        return int(bound["group_src"])
+    return dist.get_group_rank(group, bound.get("src") or 0)
+
+
 @dataclass
 class Tally:
-    """Calls, bytes sent and seconds, per key (a group's name, or a collective)."""
+    """Calls, bytes sent (by the ring formula, and by gloo's algorithms) and seconds, per
+    key (a group's name, or a collective)."""
 
     calls: Counter = field(default_factory=Counter)
-    sent: Counter = field(default_factory=Counter)
+    ring: Counter = field(default_factory=Counter)
+    gloo: Counter = field(default_factory=Counter)
     seconds: Counter = field(default_factory=Counter)
 
 
 class CommMeter(TorchDispatchMode):
     """What the collectives inside the ``with`` sent (and, timed, how long they took):
-    ``per_group`` and ``per_collective``, each a :class:`Tally`."""
+    ``per_group`` and ``per_collective``, each a :class:`Tally`; ``wire``, what this
+    process's sockets sent."""
 
     def __init__(self, groups: dict[str, dist.ProcessGroup] | None = None, *,
                  timed: bool = False, synchronize: bool = False) -> None:
         super().__init__()
         self.groups, self.timed, self.synchronize = dict(groups or {}), timed, synchronize
         self.per_group, self.per_collective = Tally(), Tally()
+        self.wire = WireMeter()
         # by the ranks a group spans: two groups over the same ranks (a mesh built twice)
         # are the same dimension's
         self._names = {frozenset(dist.get_process_group_ranks(g)): name
@@ -96,9 +122,14 @@ class CommMeter(TorchDispatchMode):
         self._inside = threading.local()  # an alias calling its new name is one call
 
     @property
-    def total_sent(self) -> float:
-        """Bytes this rank sent, all groups and collectives together."""
-        return float(sum(self.per_collective.sent.values()))
+    def total_ring(self) -> float:
+        """Bytes this rank sends by the ring formula, all groups and collectives together."""
+        return float(sum(self.per_collective.ring.values()))
+
+    @property
+    def total_gloo(self) -> float:
+        """Bytes this rank sends by gloo's algorithms, all groups and collectives together."""
+        return float(sum(self.per_collective.gloo.values()))
 
     @property
     def total_seconds(self) -> float:
@@ -111,14 +142,19 @@ class CommMeter(TorchDispatchMode):
             return OTHER
         return self._names.get(frozenset(dist.get_process_group_ranks(group)), OTHER)
 
-    def charge(self, group: str, collective: str, sent: float | None,
-               seconds: float | None = None, calls: int = 1) -> None:
-        """Add a call's bytes (and seconds) to its group's and its collective's tallies."""
+    def charge(self, group: str, collective: str, ring: float | None,
+               seconds: float | None = None, calls: int = 1,
+               gloo: float | None = None) -> None:
+        """Add a call's bytes (and seconds) to its group's and its collective's tallies;
+        ``gloo`` defaults to ``ring`` (the algorithms agree)."""
+        gloo = ring if gloo is None else gloo
         for tally, key in ((self.per_group, group), (self.per_collective, collective)):
             if calls:
                 tally.calls[key] += calls
-            if sent is not None:
-                tally.sent[key] += sent
+            if ring is not None:
+                tally.ring[key] += ring
+            if gloo is not None:
+                tally.gloo[key] += gloo
             if seconds is not None:
                 tally.seconds[key] += seconds
 
@@ -128,8 +164,10 @@ class CommMeter(TorchDispatchMode):
             collective, full = _C10D_OPS[func._opname]  # full: the argument holding S
             at = [a.name for a in func._schema.arguments].index("process_group")
             group = dist.ProcessGroup.unbox(args[at])
-            sent = ring_bytes(collective, group.size(), _bytes(args[full]))
-            self.charge(self.group_name(group), collective, sent)
+            size, root = _bytes(args[full]), _root(func, args)
+            self.charge(self.group_name(group), collective,
+                        ring_bytes(collective, group.size(), size),
+                        gloo=gloo_bytes(collective, group.size(), size, group.rank(), root))
         return func(*args, **(kwargs or {}))
 
     # -- timed: at the Python doors ----------------------------------------------------
@@ -156,9 +194,14 @@ class CommMeter(TorchDispatchMode):
             if work is not None and hasattr(work, "wait"):  # async_op=True: waited for here
                 work.wait()
             self._sync()
-            sent = 0.0 if full_name is None else ring_bytes(kind, group.size(),
-                                                            _bytes(bound[full_name]))
-            self.charge(self.group_name(group), kind, sent, time.perf_counter() - start)
+            seconds = time.perf_counter() - start
+            if full_name is None:
+                self.charge(self.group_name(group), kind, 0.0, seconds)
+                return work
+            size, n = _bytes(bound[full_name]), group.size()
+            root = _group_root(group, bound) if kind == "broadcast" else 0
+            self.charge(self.group_name(group), kind, ring_bytes(kind, n, size), seconds,
+                        gloo=gloo_bytes(kind, n, size, group.rank(), root))
             return work
         return wrapped
 
@@ -179,7 +222,7 @@ class CommMeter(TorchDispatchMode):
             n = dist.get_world_size(group)
             full = nbytes(args[0]) * (n if kind == "all_gather" else 1)
             self.charge(self.group_name(group), kind, ring_bytes(kind, n, full),
-                        time.perf_counter() - start)
+                        time.perf_counter() - start, gloo=gloo_bytes(kind, n, full))
             return out
         return wrapped
 
@@ -215,6 +258,7 @@ class CommMeter(TorchDispatchMode):
         setattr(owner, name, wrapper(original))
 
     def __enter__(self) -> CommMeter:
+        self.wire.__enter__()
         if not self.timed:
             return super().__enter__()
         from torch.distributed import _functional_collectives as funcol
@@ -229,9 +273,12 @@ class CommMeter(TorchDispatchMode):
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if not self.timed:
-            return super().__exit__(*exc)
-        for owner, name, original in reversed(self._saved):
-            setattr(owner, name, original)
-        self._saved.clear()
-        return None
+        try:
+            if not self.timed:
+                return super().__exit__(*exc)
+            for owner, name, original in reversed(self._saved):
+                setattr(owner, name, original)
+            self._saved.clear()
+            return None
+        finally:
+            self.wire.__exit__(*exc)

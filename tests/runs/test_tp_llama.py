@@ -120,7 +120,7 @@ def test_kept_activations_and_bytes_sent_are_what_shapes_predict(tp, sp, tied):
         with registered(group), CommMeter() as counter, meter:
             rank_step(shard, ids, targets, group, CONFIG.lr, sequence_parallel=sp,
                       on_loss=lambda: seen.update(meter.live))
-        return seen, dict(counter.per_collective.sent), sum(p.numel() for p in shard.parameters())
+        return seen, dict(counter.per_collective.ring), sum(p.numel() for p in shard.parameters())
 
     predicted = predicted_kept(config, tp, sp)
     for kept, sent, held in _on_ranks(tp, work):

@@ -128,8 +128,8 @@ def test_the_loss_sends_three_all_reduces_of_one_number_per_token_and_backward_n
                                                 group, vocab=12)
         with backward:
             loss.backward()
-        return (dict(forward.per_collective.calls), forward.per_collective.sent["all_reduce"],
-                backward.total_sent)
+        return (dict(forward.per_collective.calls), forward.per_collective.ring["all_reduce"],
+                backward.total_ring)
 
     expected = 3 * ring_bytes("all_reduce", world_size, tokens * 4)  # float32 numbers
     for calls, sent, backward_sent in _ok(run_ranks(world_size, work)):

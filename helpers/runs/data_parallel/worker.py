@@ -94,7 +94,7 @@ def max_relative_diff(pairs_a: Pairs, pairs_b: Pairs) -> float:
 
 
 def _sent(counter: CommMeter) -> dict:
-    return {"sent": dict(counter.per_collective.sent),
+    return {"sent": dict(counter.per_collective.ring),
             "calls": dict(counter.per_collective.calls)}
 
 

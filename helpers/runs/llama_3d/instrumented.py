@@ -128,7 +128,7 @@ class Instruments(Hooks):
         memory.activations = self.kept  # AdamW's state after a step; the last step's peak
         timed, stage = max(len(self.step_s), 1), coords["pp"]
         mine = RankRecord(dist.get_rank(), coords, memory, predicted_memory(config, stage),
-                          self.before, {d: s / timed for d, s in self.comms.per_group.sent.items()},
+                          self.before, {d: s / timed for d, s in self.comms.per_group.ring.items()},
                           predicted_sent(config, stage),
                           {d: s / timed for d, s in self.comms.per_group.seconds.items()},
                           self.step_s)

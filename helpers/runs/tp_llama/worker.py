@@ -93,7 +93,7 @@ def mode_run(rank: Rank, config: LlamaTPConfig, model, ids, targets, reference: 
     return ModeRun.measured(
         config, tp, sp, diffs=_max_diffs(step_diffs(model, r, tp, state, reference), rank),
         scale=magnitudes(reference), native=native, placements=placed,
-        sent=dict(counter.per_collective.sent), calls=dict(counter.per_collective.calls),
+        sent=dict(counter.per_collective.ring), calls=dict(counter.per_collective.calls),
         kept=kept,
         held=sum(p.numel() for p in shard.parameters()))
 
