@@ -34,5 +34,15 @@ class LaunchError(TutorialError):
         self.port_clash = False  # torchrun's rendezvous port was taken: a retry may succeed
 
 
+class LaunchStopped(KeyboardInterrupt):
+    """A launch stopped by the learner (Stop in Jupyter, Ctrl-C): its ranks were ended.
+
+    A ``KeyboardInterrupt``, so a script still stops; in Jupyter (IPython) it shows as its
+    one line instead of a traceback through the launcher."""
+
+    def _render_traceback_(self) -> list[str]:  # IPython's hook for how to show an error
+        return [f"{type(self).__name__}: {self}"]
+
+
 class NotUnderTorchrunError(TutorialError):
     """A rank's code was started as a plain process instead of by ``torchrun``."""

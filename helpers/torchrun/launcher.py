@@ -29,7 +29,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from helpers.core.errors import LaunchError
+from helpers.core.errors import LaunchError, LaunchStopped
 from helpers.core.paths import display_path, results_path
 from helpers.torchrun.lifeline import child_of_this_process
 from helpers.torchrun.ranks import RESULT_ENV
@@ -127,6 +127,22 @@ def kill_group(proc: subprocess.Popen, grace: float = 5.0) -> None:
             return
 
 
+def _group_gone(proc: subprocess.Popen, wait: float = 2.0) -> bool:
+    """Whether no process of the launch's process group is left (waiting up to ``wait`` s
+    for the killed ones to be reaped)."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
 def torchrun_command(
     module: str, args: Sequence[str], *, nproc: int, port: int, log_dir: str | Path,
     restarts: int = 0,
@@ -209,6 +225,12 @@ def _launch_once(module, args, nproc, timeout, threads_per_rank, port, log_dir, 
         last_group = proc.pid
         try:
             code = proc.wait(timeout=timeout)
+        except KeyboardInterrupt:
+            kill_group(proc, grace=1.0)
+            left = "nothing it started is left running" if _group_gone(proc) else (
+                f"its process group {proc.pid} may still hold processes (kill -- -{proc.pid})")
+            raise LaunchStopped(f"{module} stopped: its {nproc} rank(s) were ended and {left}; "
+                                f"logs in {display_path(log_dir)}") from None
         except subprocess.TimeoutExpired:
             kill_group(proc)
             tails = "\n".join(rank_tail(log_dir, r, 10) for r in range(nproc))

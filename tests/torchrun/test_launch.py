@@ -514,3 +514,31 @@ def test_launch_retries_a_picked_port_taken_meanwhile_but_nothing_else(monkeypat
     for bad in (0, 1.5):
         with pytest.raises(ValueError, match=rf"^nproc={bad!r}; valid: an integer >= 1$"):
             launcher.run_module("m", nproc=bad)
+
+
+def test_a_stopped_launch_says_its_ranks_were_ended_and_nothing_is_left(stand_in, tmp_path,
+                                                                       monkeypatch):
+    import _thread
+    import threading
+
+    from helpers.core.errors import LaunchStopped
+
+    started = []
+
+    class Recorded(subprocess.Popen):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            started.append(self)
+
+    monkeypatch.setattr(launcher.subprocess, "Popen", Recorded)
+    stand_in("import time; time.sleep(30)")
+    threading.Timer(1.0, _thread.interrupt_main).start()  # the learner presses Stop
+    start = time.time()
+    with pytest.raises(LaunchStopped) as stopped:
+        launcher.run_module("pkg.worker", nproc=2, log_dir=tmp_path / "logs")
+    assert time.time() - start < 10 and isinstance(stopped.value, KeyboardInterrupt)
+    assert str(stopped.value) == ("pkg.worker stopped: its 2 rank(s) were ended and nothing "
+                                  "it started is left running; logs in logs")
+    assert stopped.value._render_traceback_() == [f"LaunchStopped: {stopped.value}"]
+    with pytest.raises(ProcessLookupError):
+        os.killpg(started[0].pid, 0)
