@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 SITE_STAMP := $(VENV)/.site-installed
 
-.PHONY: run test test-fast test-gpu-smoke lab refresh bench lint clean gpu-check mutants site site-check
+.PHONY: run test test-fast test-gpu-smoke lab lab-check refresh bench lint clean gpu-check mutants site site-check
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,12 +43,22 @@ test-gpu-smoke: $(STAMP)
 	TUTORIAL_PROFILE=small CUDA_VISIBLE_DEVICES= $(PY) -m pytest -o addopts= -p no:cacheprovider \
 		-m gpu_smoke tests/course_tools/test_gpu_check.py
 
-## lab: open the series in JupyterLab (as root too, as in a class's container), without the
-## first-start news prompt (docs/lab/overrides.json)
+## lab: open the series in JupyterLab (as root too, as in a class's container): the
+## repository is the server's root, so the lessons' links to docs/ work; it opens in
+## notebooks/. The course's settings (docs/lab/overrides.json): no first-start news prompt,
+## Markdown opens rendered, no autosave (a lesson changes on disk only when you save it)
 LAB_SETTINGS := $(VENV)/share/jupyter/lab/settings
 lab: $(STAMP)
 	@mkdir -p $(LAB_SETTINGS) && cp docs/lab/overrides.json $(LAB_SETTINGS)/overrides.json
-	$(VENV)/bin/jupyter lab notebooks/ $$([ "$$(id -u)" = 0 ] && echo --allow-root)
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks \
+		$$([ "$$(id -u)" = 0 ] && echo --allow-root)
+
+## lab-check: the lessons in JupyterLab in headless Chromium (Debian's chromium, or
+## CHROMIUM=path): each opens unmodified, glossary links land on their term, lesson 01 runs
+## clean with Run All, a wrong answer gets a hint; screenshots in results/lab/; first
+## proves on planted flaws that it can fail
+lab-check: $(SITE_STAMP)
+	$(PY) -m course_tools.lab.check --self-test
 
 ## refresh: re-execute the lessons in place (small profile, CPU) to update nbval's reference
 refresh: $(STAMP)
