@@ -24,6 +24,18 @@ from helpers.core.timing import PROGRESS_ENV
 from helpers.profiles import resolve_name
 
 
+# What JupyterLab writes into a notebook it opens when the notebook lacks it: stored with
+# every lesson, so that opening one does not mark it modified.
+KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+
+
+def with_lab_metadata(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """``nb`` with the kernelspec JupyterLab would add (language_info comes from the
+    kernel that executed it)."""
+    nb.metadata["kernelspec"] = dict(KERNELSPEC)
+    return nb
+
+
 def lessons(only: list[str] | None = None) -> list[Path]:
     """The lesson notebooks in teaching order, optionally those whose name starts with ``only``."""
     found = sorted(p for p in NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb") if ".failed" not in p.name)
@@ -61,7 +73,7 @@ def execute(path: Path, out_path: Path, timeout: int) -> float:
         raise
     finally:
         bar.close()
-    atomic_write_text(out_path, nbformat.writes(nb))
+    atomic_write_text(out_path, nbformat.writes(with_lab_metadata(nb)))
     return time.perf_counter() - start
 
 

@@ -33,6 +33,7 @@ from helpers.core.errors import LaunchError, LaunchStopped
 from helpers.core.paths import display_path, results_path
 from helpers.torchrun.lifeline import child_of_this_process
 from helpers.torchrun.ranks import RESULT_ENV
+from helpers.torchrun.status import LaunchStatus
 
 LOG_DIR_ENV = "TUTORIAL_LOG_DIR"  # where launches keep their logs (default: results/logs)
 last_group: int | None = None  # the process group of the latest launch (its agent's pid)
@@ -125,6 +126,22 @@ def kill_group(proc: subprocess.Popen, grace: float = 5.0) -> None:
             except ProcessLookupError:
                 pass
             return
+
+
+def _wait(proc: subprocess.Popen, timeout: float, status: LaunchStatus, log_dir: Path) -> int:
+    """``proc.wait(timeout)``, showing what the launch is doing meanwhile."""
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                return proc.wait(timeout=min(0.5, max(deadline - time.monotonic(), 0.01)))
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    raise
+            logs = rank_logs(log_dir, 0)
+            status.update(next((p for p in logs if p.name.startswith("stdout")), None))
+    finally:
+        status.close()
 
 
 def _group_gone(proc: subprocess.Popen, wait: float = 2.0) -> bool:
@@ -224,7 +241,7 @@ def _launch_once(module, args, nproc, timeout, threads_per_rank, port, log_dir, 
         global last_group
         last_group = proc.pid
         try:
-            code = proc.wait(timeout=timeout)
+            code = _wait(proc, timeout, LaunchStatus(module, nproc), log_dir)
         except KeyboardInterrupt:
             kill_group(proc, grace=1.0)
             left = "nothing it started is left running" if _group_gone(proc) else (
