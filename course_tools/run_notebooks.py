@@ -23,7 +23,6 @@ from helpers.core.paths import NOTEBOOKS_DIR, RESULTS_DIR, display_path
 from helpers.core.timing import PROGRESS_ENV
 from helpers.profiles import resolve_name
 
-
 # What JupyterLab writes into a notebook it opens when the notebook lacks it: stored with
 # every lesson, so that opening one does not mark it modified.
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
