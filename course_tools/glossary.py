@@ -5,7 +5,11 @@ The rules the tests enforce:
   (its heading or a form listed after *Also:*), except a *lead-in*: bold that opens a
   paragraph or a list item ("**Proof first.** ...");
 - a link to ``glossary.md#anchor`` must name an entry's anchor;
-- every entry is linked from at least one lesson.
+- every entry is linked from at least one lesson;
+- every entry's heading is preceded by ``<a id="anchor"></a>`` (:func:`with_anchors`).
+  The site and a code host make the heading's own anchor; JupyterLab does not (it ids a
+  heading by its text, case kept), but it scrolls to any element with that id, so the same
+  ``glossary.md#anchor`` lands on the term under ``make lab`` too.
 """
 
 from __future__ import annotations
@@ -91,6 +95,24 @@ def glossary_links(markdown: str) -> list[str]:
     return [m.group(2) or "" for m in _LINK.finditer(markdown)]
 
 
+def anchor_line(entry: Entry) -> str:
+    """The line that gives an entry its anchor where the renderer does not."""
+    return f'<a id="{entry.anchor}"></a>'
+
+
+def with_anchors(glossary_text: str) -> str:
+    """The glossary with :func:`anchor_line` before every entry's heading (once)."""
+    lines, out = glossary_text.split("\n"), []
+    for line in lines:
+        if line.startswith("## "):
+            anchor = anchor_line(Entry(line[3:].strip(), ()))
+            while out and out[-1] in ("", anchor):  # blank lines, and an anchor made before
+                out.pop()
+            out += ["", anchor, ""] if out else [anchor, ""]
+        out.append(line)
+    return "\n".join(out)
+
+
 def problems(glossary_text: str, lessons: dict[str, list[str]], min_links: int = 3) -> list[str]:
     """Every way the lessons and the glossary disagree, one message each (empty: in step).
 
@@ -118,6 +140,10 @@ def problems(glossary_text: str, lessons: dict[str, list[str]], min_links: int =
         if len(links) < min_links:
             found.append(f"{name}: {len(links)} link(s) to the glossary; at least {min_links} "
                          "expected (link a term where the lesson introduces it)")
+    if with_anchors(glossary_text) != glossary_text:
+        found.append("glossary: an entry's heading lacks its <a id=...></a> line before it "
+                     "(JupyterLab needs it to land on the term); run "
+                     "`python -m course_tools.glossary --anchor` to add them")
     for entry in entries:
         if entry.anchor not in used:
             found.append(f"glossary: entry {entry.name!r} is linked from no lesson "
@@ -128,3 +154,24 @@ def problems(glossary_text: str, lessons: dict[str, list[str]], min_links: int =
 def lesson_markdown(notebooks: list[Path]) -> dict[str, list[str]]:
     """``problems``' input for the lesson notebooks."""
     return {p.name: markdown_cells(p) for p in notebooks}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m course_tools.glossary --anchor``: add the anchor lines to the glossary."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--anchor", action="store_true",
+                        help="rewrite docs/glossary.md with an <a id> line before each entry")
+    args = parser.parse_args(argv)
+    if args.anchor:
+        from helpers.core.files import atomic_write_text
+
+        text = GLOSSARY.read_text(encoding="utf-8")
+        atomic_write_text(GLOSSARY, with_anchors(text))
+        print(f"{GLOSSARY.name}: {len(read_glossary(text))} entries anchored")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

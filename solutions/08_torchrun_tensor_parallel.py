@@ -1,4 +1,4 @@
-"""Lesson 08's exercise, solved. Try it in the notebook first."""
+"""Lesson 08's exercises, solved. Try them in the notebook first."""
 
 
 # %% Exercise 08.1: torchrun on the second machine
@@ -9,4 +9,12 @@ node1_args = [
 ]
 
 
-ANSWERS = {"08.1": node1_args}
+# %% Exercise 08.2: Which GPU, which shard
+def place(env: dict[str, str]) -> tuple[str, str, str]:
+    """(this process's GPU, its fc1 shard file, its fc2 shard file)."""
+    rank, local_rank = int(env["RANK"]), int(env["LOCAL_RANK"])
+    # the GPU counts within this machine; the shard across all the ranks of the launch
+    return f"cuda:{local_rank}", f"fc1_{rank}.bin", f"fc2_{rank}.bin"
+
+
+ANSWERS = {"08.1": node1_args, "08.2": place}

@@ -50,13 +50,16 @@ def times_figures(times: StepTimes) -> dict:
 
 
 def mode_figures(mode: ModeRun, times: StepTimes) -> dict:
-    """One tp and mode: times, bytes sent and activation bytes (rank 0) against predicted."""
+    """One tp and mode: times, bytes (ring formula, gloo's algorithms, each rank's sockets)
+    and activation bytes (rank 0) against predicted."""
     return {
         **times_figures(times),
         "ok": mode.ok,
-        "sent_bytes": sum(mode.sent.values()),
-        "predicted_sent_bytes": sum(mode.predicted_sent.values()),
-        "sent_per_collective": mode.sent,
+        "ring_bytes": sum(mode.ring.values()),
+        "planned_ring_bytes": sum(mode.planned_ring.values()),
+        "gloo_bytes": sum(mode.gloo.values()),
+        "ring_per_collective": mode.ring,
+        "wire_bytes_per_rank": [w.sent for w in mode.wire],
         "activation_bytes_per_rank": sum(mode.kept.values()),
         "predicted_activation_bytes_per_rank": sum(mode.predicted_kept.values()),
         "activation_bytes_per_part": mode.kept,

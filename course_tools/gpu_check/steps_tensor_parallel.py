@@ -83,6 +83,8 @@ def tp_run_row(run: TPRun, native: NativeRun) -> dict:
         "tp_over_native": run.step.mean / native.timing.mean,
         "compute_s": run.compute.mean,
         "allreduce_s": run.allreduce.mean,
+        "ring_bytes_per_rank": run.ring_bytes,  # what a ring (NCCL's) sends per all-reduce
+        "wire": [w.to_dict() for w in run.wire],  # None with the reason on NCCL
         "output_max_diff": run.output.max_diff,
         "output_tolerance": run.output.tolerance,
         "output_agrees": run.agrees(native),

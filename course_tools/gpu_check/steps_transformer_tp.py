@@ -2,8 +2,10 @@
 
 The lesson's worker on one GPU per rank (NCCL) at the full profile's sizes, tp the largest
 of 4, 2, 1 that the GPUs and the sizes allow, without and with sequence parallelism:
-each mode's proofs against one process, bytes sent and activation bytes kept measured
-beside predicted, the weights each rank holds, and mean +- std of step, communication and
+each mode's proofs against one process, the collectives issued (their bytes by the ring
+formula and by gloo's algorithms) against the plan, what the sockets sent (nothing to read
+with NCCL: recorded as None with the reason), activation bytes kept measured beside
+predicted, the weights each rank holds, and mean +- std of step, communication and
 computation times. With tp > 1 the same launch proves ``parallelize_module`` and
 ``loss_parallel`` equal to the hand split; if that part fails (or this torch lacks the
 API) the launch runs again without it and the reason is recorded. ``--smoke``: two gloo
@@ -136,15 +138,21 @@ def whole(counts: dict[str, float]) -> dict[str, float | int]:
 
 
 def mode_figures(mode: ModeRun) -> dict:
-    """One mode: verdict, proof lines, bytes sent, activations kept, weights held."""
-    sent, predicted = whole(mode.sent), whole(mode.predicted_sent)
+    """One mode: verdict, proof lines, the calls issued and their bytes (the ring formula
+    on the issued sizes against the plan's; gloo's algorithms likewise), what each rank's
+    sockets sent (None on NCCL, with the reason), activations kept, weights held."""
+    sent, predicted = whole(mode.ring), whole(mode.planned_ring)
     total = measured_predicted(sum(sent.values()), sum(predicted.values()))
     return {
         "ok": mode.ok,
         "proofs": {p.what: p.line() for p in mode.proofs},  # a dict: Markdown shows it plain
         "native_proofs": {p.what: p.line() for p in mode.native} if mode.native else None,
         "calls": mode.calls,
+        "as_planned": mode.as_planned,
         "sent_bytes": {**measured_predicted(sent, predicted), "total": total},
+        "gloo_bytes": measured_predicted(whole(mode.gloo), whole(mode.planned_gloo)),
+        "wire": [w.to_dict() for w in mode.wire],
+        "native_kept_bytes_per_part": mode.native_kept,
         "kept_bytes_per_part": measured_predicted(mode.kept, mode.predicted_kept),
         "held_elements": measured_predicted(mode.held, mode.predicted_held),
     }
@@ -180,8 +188,8 @@ def summary(fig: dict) -> str:
     lines = [f"tp {fig['world_size']} ({fig['backend']}); verdicts {fig['verdicts']}; "
              f"native: {fig['native']}"]
     for name, m in fig["modes"].items():
-        lines.append(f"{name}: sent {m['sent_bytes']['total']['measured']:.0f} B "
-                     f"(predicted {m['sent_bytes']['total']['predicted']:.0f}); kept match "
+        lines.append(f"{name}: ring formula {m['sent_bytes']['total']['measured']:.0f} B "
+                     f"(planned {m['sent_bytes']['total']['predicted']:.0f}); kept match "
                      f"{m['kept_bytes_per_part']['match']}; held {m['held_elements']['measured']}")
     for name, t in fig["timing"].items():
         lines.append(f"{name}: step {t['step_mean_s'] * 1e3:.2f} +- {t['step_std_s'] * 1e3:.2f} "

@@ -24,9 +24,11 @@ from helpers.core.files import verify_folder, write_verified_folder
 
 
 def _OPTIONS():  # noqa: N802 - a constant, built when torch.distributed.checkpoint is loaded
-    """Optimizer state keyed by parameter name, hyper-parameters included (``state.<name>.
-    exp_avg``, ``param_groups.<name>.lr``): pipeline stages hold different parameters, and
-    with one list of param groups per rank their entries would collide in one checkpoint."""
+    """The optimizer's entries keyed by parameter name, one level deep (``state.<name>.
+    exp_avg``, ``param_groups.<name>.lr``). ``get_state_dict`` already keys the state by
+    parameter name; ``flatten_optimizer_state_dict`` keys the hyper-parameters by name too,
+    which would otherwise be each rank's list of param groups: pipeline stages hold
+    different parameters, and their lists would collide in one checkpoint."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
     return StateDictOptions(flatten_optimizer_state_dict=True)

@@ -7,12 +7,17 @@ micro-batches of ``micro_batch``), so a layout also fixes the micro-batches each
 runs per step, ``m = global_batch / (dp * micro_batch)``, and with them its bubble.
 
 Of the layouts whose fullest GPU fits the card (:func:`helpers.memory.fits.per_gpu`), the
-search chooses by the rule of thumb of Narayanan et al. 2021 (arXiv:2104.04473), in
-:func:`rule_key`'s order: the fewest model-parallel GPUs ``tp * pp`` (data parallelism
-scales the rest); at equal ``tp * pp``, tensor parallelism inside a node before pipeline
-stages across nodes, which is also the smaller 1F1B bubble ``(pp - 1) / (m + pp - 1)``; then
-no recomputation if it fits without (it reruns every block's forward); then the least
-sharding (ZeRO-3 gathers the weights in both passes: more bytes sent).
+search chooses in :func:`rule_key`'s order: the fewest model-parallel GPUs ``tp * pp``
+(data parallelism scales the rest); at equal ``tp * pp``, tensor parallelism inside a node
+before pipeline stages across nodes, which is also the smaller 1F1B bubble
+``(pp - 1) / (m + pp - 1)``; then no recomputation if it fits without (it reruns every
+block's forward); then the least sharding. The first two are the takeaways of Narayanan
+et al. 2021 (arXiv:2104.04473), whose data parallelism keeps whole copies of the model;
+letting ZeRO's sharded data parallelism count as data parallelism is this course's
+extension, which that paper's own comparison questions (§5.2: with twice the GPUs at the
+same batch, their tensor + pipeline + data parallelism "outperforms ZeRO-3 by 70%",
+ZeRO-3 without model parallelism, at 175B and 530B parameters): ``zero=(0, 1, 2)``
+searches without ZeRO-3.
 """
 
 from __future__ import annotations

@@ -86,28 +86,34 @@ def predicted_memory(config, stage: int) -> DeviceMemory:
                         activations=activations)
 
 
-def predicted_sent(config, stage: int) -> dict[str, float]:
-    """Bytes a rank of ``stage`` sends in a step, per mesh dimension, from the shapes.
+def predicted_sent(config, stage: int, algorithm: str = "ring") -> dict[str, float]:
+    """Bytes a rank of ``stage`` sends in a step, per mesh dimension, from the shapes, by
+    the ring formula (``algorithm="ring"``: what NCCL's ring sends) or by gloo's algorithms
+    (``"gloo"``: this run's backend, whose reduce-scatter is an all-reduce: twice the ring's).
 
     ``S`` is the residual stream of the rank's sequences (``batch / dp x seq x hidden``
     elements) and ``r(n) = (n - 1) / n`` a ring's share (lesson 06):
 
     - ``tp``: sequence parallelism all-gathers S before attention and the MLP and
       reduce-scatters it after them, and the backward does the mirror: 8 r(tp) S per
-      block; the embedding (a reduce-scatter, and its backward's all-gather) and the
-      head (the same, mirrored) 2 r(tp) S each; ``loss_parallel`` all-reduces three
-      numbers per token; and the weights every tensor-parallel rank holds whole (the
-      norms) get their gradients summed over the ranks: an all-reduce of their bytes.
-      Without ``fully_shard`` (which sums them once, in the backward) these gradients
-      reach AdamW as ``Partial`` DTensors, and DTensor sums one each time an operation
-      needs its value: three times (``exp_avg``'s update uses the gradient once,
-      ``exp_avg_sq``'s twice, as ``grad * grad``).
+      block, half of it reduce-scatters; the embedding (a reduce-scatter, and its
+      backward's all-gather) and the head (an all-gather, and its backward's
+      reduce-scatter) 2 r(tp) S each; ``loss_parallel`` all-reduces three numbers per
+      token; and the weights every tensor-parallel rank holds whole (the norms) get their
+      gradients summed over the ranks: an all-reduce of their bytes. Without
+      ``fully_shard`` (which sums them once, in the backward) these gradients reach AdamW
+      as ``Partial`` DTensors, and DTensor sums one each time an operation needs its
+      value: three times (``exp_avg``'s update uses the gradient once, ``exp_avg_sq``'s
+      twice, as ``grad * grad``).
     - ``dp``: ``fully_shard`` all-gathers the stage's weights (its tensor-parallel pieces,
       P bytes) for the forward and again for the backward (once only under a pipeline:
       they stay gathered between micro-batches), and reduce-scatters their gradients.
     - ``pp``: each micro-batch's activations go to the next stage and their gradients
       come back; under tensor parallelism each rank sends its sequence slice.
     """
+    if algorithm not in ("ring", "gloo"):
+        raise ValueError(f"algorithm={algorithm!r}; valid choices: ring, gloo")
+    scatter = 2 if algorithm == "gloo" else 1  # a reduce-scatter's bytes, in ring shares
     layout, m, e = config.layout, config.microbatches, config.torch_dtype.itemsize
     t, d, p = layout.tp, layout.dp, layout.pp
     first, last = stage == 0, stage == p - 1
@@ -120,11 +126,12 @@ def predicted_sent(config, stage: int) -> dict[str, float]:
         blocks = config.model.blocks // p
         # summed over tp whole, before fully_shard cuts them
         whole = e * sum(piece for name, _, piece in pieces if tp_dim(name) is None)
-        sent["tp"] = (r * stream * (8 * blocks + 2 * first + 2 * last)
+        gathers = 4 * blocks + first + last  # and as many reduce-scatters
+        sent["tp"] = (r * stream * gathers * (1 + scatter)
                       + 2 * r * (3 * tokens * e * last + whole * (1 if d > 1 else 3)))
     if d > 1:
         gathered = e * d * sum(held for _, held, _ in pieces)  # padded to d chunks
-        sent["dp"] = (d - 1) / d * gathered * ((2 if p == 1 else 1) + 1)
+        sent["dp"] = (d - 1) / d * gathered * ((2 if p == 1 else 1) + scatter)
     if p > 1:
         slice_ = tokens // m * config.model.hidden * e / t
         sent["pp"] = m * slice_ * ((not last) + (not first))

@@ -1,4 +1,5 @@
-"""Checker for lesson 08 (``torchrun`` launches)."""
+"""Checkers for lesson 08 (``torchrun`` launches): the second machine's arguments, and each
+process's GPU and shard from the environment torchrun gives it."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Sequence
 
 from torch.distributed.run import get_args_parser
 
-from helpers.exercises.feedback import Wrong, checker, given
+from helpers.exercises.feedback import Wrong, answer, checker, given
 
 NODES, PER_NODE, HOST, PORT = 2, 4, "node0.example", 29500
 MODULE = "helpers.tp_demo"
@@ -78,3 +79,80 @@ def check_node1_args(node1_args: Sequence[str]) -> str:
            f"{parsed['rdzv_backend']} rendezvous: ranks are given out as nodes arrive")
     return (f"torchrun reads {NODES} nodes x {PER_NODE} processes ({way}). Node 0 runs the "
             f"same command{' with --node-rank=0' if parsed['rdzv_backend'] == 'static' else ''}.")
+
+
+def torchrun_environments(nodes: int = NODES, per_node: int = PER_NODE) -> list[dict[str, str]]:
+    """The environment torchrun gives each process of ``nodes`` x ``per_node`` (static
+    rendezvous at node 0), in launch order: the ranks handed out by torch's own elastic
+    agent (``SimpleElasticAgent._assign_worker_ranks``, one agent per node, run now over an
+    in-memory store), the variables named as its ``LocalElasticAgent`` sets them."""
+    import threading
+
+    import torch.distributed as dist
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent, WorkerSpec
+
+    spec = WorkerSpec(role="default", local_world_size=per_node, rdzv_handler=None,
+                      entrypoint="python")
+    store, workers = dist.HashStore(), {}
+
+    def agent(node: int) -> None:  # the method reads nothing of its agent but the store
+        workers[node] = SimpleElasticAgent._assign_worker_ranks(None, store, node, nodes, spec)
+
+    threads = [threading.Thread(target=agent, args=(node,)) for node in range(nodes)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return [{"RANK": str(w.global_rank), "LOCAL_RANK": str(w.local_rank),
+             "GROUP_RANK": str(node), "ROLE_RANK": str(w.role_rank), "ROLE_NAME": spec.role,
+             "LOCAL_WORLD_SIZE": str(per_node), "WORLD_SIZE": str(w.world_size),
+             "GROUP_WORLD_SIZE": str(nodes), "ROLE_WORLD_SIZE": str(w.role_world_size),
+             "MASTER_ADDR": HOST, "MASTER_PORT": str(PORT)}
+            for node in range(nodes) for w in workers[node]]
+
+
+def _reference(env: dict[str, str]) -> tuple[str, str, str]:
+    """What the lesson's worker does: ``init_rank`` takes ``cuda:LOCAL_RANK``; the rank's
+    shard files are ``Split.file(RANK)`` of the FFN's splits."""
+    import torch
+
+    from helpers.tensor_parallel.ffn import SPLITS
+
+    rank = int(env["RANK"])
+    device = str(torch.device("cuda", int(env["LOCAL_RANK"])))
+    return (device, *(s.file(rank) for s in SPLITS))
+
+
+@checker("08.2", "Write the body of place(env), then run this cell again.")
+def check_place(place) -> str:
+    """The GPU and the shard files of every process of exercise 08.1's launch."""
+    given(place)
+    for env in torchrun_environments():
+        got = answer(place, dict(env))
+        want = _reference(env)
+        where = f"The process with RANK={env['RANK']}, LOCAL_RANK={env['LOCAL_RANK']}"
+        if not isinstance(got, tuple) or len(got) != 3:
+            raise Wrong(f"place(...) returned {got!r} for RANK={env['RANK']}",
+                        "return a tuple of three strings: (device, fc1 file, fc2 file)")
+        if not all(isinstance(x, str) for x in got):
+            raise Wrong(f"place(...) returned {got!r}", "return strings, e.g. "
+                        "('cuda:0', 'fc1_0.bin', 'fc2_0.bin'); the environment's values are "
+                        "strings too")
+        if got[0] != want[0]:
+            if got[0] == f"cuda:{env['RANK']}":
+                raise Wrong(f"{where} would use {got[0]}, but its machine has {PER_NODE} "
+                            f"GPUs, cuda:0 to cuda:{PER_NODE - 1}",
+                            "the GPU index counts within the machine: LOCAL_RANK")
+            raise Wrong(f"{where} would use {got[0]}; expected {want[0]}",
+                        "each process takes the GPU whose index is its rank on its machine")
+        if got[1:] != want[1:]:
+            twin = f"fc1_{env['LOCAL_RANK']}.bin"
+            if got[1] == twin and env["LOCAL_RANK"] != env["RANK"]:
+                raise Wrong(f"{where} would load {got[1]}, like the process of the first "
+                            f"machine with RANK={env['LOCAL_RANK']}: two ranks, one shard",
+                            "each of the 8 ranks holds its own shard: the global RANK")
+            raise Wrong(f"{where} would load {got[1:]}; expected {want[1:]}",
+                        "lesson 07's files: fc1_{rank}.bin and fc2_{rank}.bin")
+    return (f"Each of the {NODES * PER_NODE} processes takes the GPU of its LOCAL_RANK "
+            f"(cuda:0 to cuda:{PER_NODE - 1} on each machine) and the shard of its RANK "
+            f"(0 to {NODES * PER_NODE - 1} across both).")

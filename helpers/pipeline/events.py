@@ -41,9 +41,11 @@ class Action:
 
 
 def validate_instrumentable(stage: object | None = None) -> None:
-    """Raise if the pipelining internals that ``record_actions`` wraps are gone."""
-    missing = [] if callable(getattr(schedules_module, "_wait_batch_p2p", None)) else [
-        "torch.distributed.pipelining.schedules._wait_batch_p2p"]
+    """Raise if the pipelining internals that lesson 04 wraps are gone: those of
+    ``record_actions``, and ``_batch_p2p``, where its transfers are counted."""
+    missing = [f"torch.distributed.pipelining.schedules.{name}"
+               for name in ("_wait_batch_p2p", "_batch_p2p")
+               if not callable(getattr(schedules_module, name, None))]
     if stage is not None:
         missing += [m for m in STAGE_METHODS if not callable(getattr(stage, m, None))]
     if missing:

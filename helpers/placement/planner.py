@@ -98,10 +98,11 @@ def plan_device_map(
     same as "balanced") and "balanced_low_0" first balance the GPU budgets, then fill.
     ``no_split``: class names never cut in two (default: the model's ``_no_split_modules``).
     ``dtype``: plan as if the floating-point weights were loaded in this dtype.
-    ``reserve_largest_layer``: accelerate's rule (on by default, as in accelerate). Offloaded
-    layers are brought to the *main* devices (the first GPU, and the CPU) to run, so there it
-    holds back room for the largest layer still to place. Only the devices in ``max_memory``
-    are used: add ``"disk"`` to let the rest spill there.
+    ``reserve_largest_layer``: accelerate's rule (on by default, as in accelerate). An
+    offloaded layer runs on the first GPU (the CPU when there is none), and one read from
+    disk passes through CPU memory, so on these *main* devices it holds back room for the
+    largest layer still to place. Only the devices in ``max_memory`` are used: add
+    ``"disk"`` to let the rest spill there.
     """
 
     validate_strategy(strategy)

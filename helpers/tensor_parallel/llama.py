@@ -7,7 +7,8 @@ and the norms whole. Its forward:
 - the embedding looks up its own tokens; the ranks' lookups are summed (g, an
   all-reduce) or, with sequence parallelism, summed and cut by tokens (a reduce-scatter);
 - each block: ``g(heads(f(norm(x))))``, then the same for the MLP; with sequence
-  parallelism f and g become ``gather_sequence`` and ``scatter_sequence``;
+  parallelism f and g become ``gather_sequence`` and ``scatter_sequence`` (Korthikanti
+  et al.'s g and g-bar: ``sequence``'s docstring sorts out the two papers' names);
 - the final norm (on this rank's tokens under sequence parallelism, then gathered), f,
   and the head's rows: this rank's slice of the logits, never gathered;
 - the loss from the slices: ``vocab_parallel_cross_entropy``, three all-reduces.

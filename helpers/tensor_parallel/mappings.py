@@ -77,7 +77,7 @@ class TpCost:
     world_size: int
     flops: float  # multiply-adds count 2 FLOPs
     weight_bytes: int
-    allreduce_bytes: float  # sent by each rank in a ring all-reduce of the output
+    allreduce_bytes: float  # what each rank sends in a ring all-reduce of the output (NCCL's)
 
     @property
     def flops_per_byte(self) -> float | None:
@@ -109,7 +109,7 @@ def tp_cost(
 def format_costs(costs: Sequence[TpCost]) -> str:
     """A table of ``tp_cost`` rows."""
     lines = [
-        f"{'ranks':>5} {'GFLOP/rank':>11} {'weights/rank':>13} {'all-reduce sent/rank':>21} "
+        f"{'ranks':>5} {'GFLOP/rank':>11} {'weights/rank':>13} {'ring all-reduce/rank':>21} "
         f"{'FLOPs per byte sent':>20}"
     ]
     for c in costs:

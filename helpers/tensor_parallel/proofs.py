@@ -9,12 +9,21 @@ from __future__ import annotations
 
 import torch
 
-from helpers.core.checks import max_abs_diff
+from helpers.core.checks import Proof, max_abs_diff
 from helpers.core.devices import resolve_dtype
 
 # Lesson 07's simulated training step: float32 sums in another order, each difference
 # relative to the largest value of its kind (gradients, weights, input gradient, loss).
 STEP_TOLERANCE = 1e-6
+# Lesson 07's splits on paper, in float64 on values of order 1 (chosen, not derived):
+# float64's rounding leaves differences of a few 1e-15 in these sums of 8 and 12
+# products, a wrong split misses by the values' own size; 1e-12 sits far from both.
+PAPER_TOLERANCE = 1e-12
+
+
+def paper_check(what: str, full: torch.Tensor, split: torch.Tensor) -> Proof:
+    """The split's result against the full product, within ``PAPER_TOLERANCE``."""
+    return Proof(what, max_abs_diff(full, split), PAPER_TOLERANCE)
 
 
 def eps(dtype: torch.dtype | str) -> float:

@@ -1,19 +1,26 @@
-"""Sequence parallelism's communication: f and g, split along the sequence.
+"""Sequence parallelism's communication: the operators g and g-bar along the sequence.
 
 Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
 Models", arXiv:2205.05198, section 4.2.2) keep the residual stream between the
 tensor-parallel regions sharded along the sequence: each of ``tp`` ranks holds
 ``seq / tp`` tokens, and runs the norms (and the residual adds) on those only. The
-regions still need every token, so the operators around them change:
+regions still need every token, so the operators around them change. The paper's names
+(its figures 4 to 6): tensor parallelism's operators are f (identity forward, all-reduce
+backward) and its conjugate f-bar (all-reduce forward, identity backward), Shoeybi et
+al.'s f and g, lesson 07's ``mappings.f`` and ``mappings.g``; sequence parallelism
+replaces them with
 
-- ``gather_sequence`` (the paper's f-bar) replaces f on entry: all-gather of the
-  tokens forward; reduce-scatter of the gradient backward.
-- ``scatter_sequence`` (g-bar) replaces g on exit: reduce-scatter forward (sum the
-  ranks' partial outputs, keep this rank's tokens); all-gather of the gradient backward.
+- g (``gather_sequence``), on entry instead of f: all-gather of the tokens forward,
+  reduce-scatter of the gradient backward;
+- g-bar (``scatter_sequence``), on exit instead of f-bar: reduce-scatter forward (sum the
+  ranks' partial outputs, keep this rank's tokens), all-gather of the gradient backward.
 
-A ring all-reduce *is* a reduce-scatter followed by an all-gather, so each rank sends
-the same bytes as with f and g; what changes is that the tensors between the regions
-are ``tp`` times smaller. Tensors are ``(batch, seq, hidden)``; the sequence is dim 1.
+So the paper's g is not lesson 07's g: that one is the paper's f-bar. A ring all-reduce
+*is* a reduce-scatter followed by an all-gather, so by the ring formula each rank sends
+the same bytes as with f and f-bar (the paper's argument); gloo runs a reduce-scatter as
+a whole all-reduce, so on gloo it sends more. What changes for memory is that the tensors
+between the regions are ``tp`` times smaller. Tensors are ``(batch, seq, hidden)``; the
+sequence is dim 1.
 """
 
 from __future__ import annotations
@@ -55,7 +62,7 @@ def _reduce_scatter(x: torch.Tensor, group) -> torch.Tensor:
 
 
 class _GatherSequence(torch.autograd.Function):
-    """f-bar: all-gather forward, reduce-scatter backward."""
+    """The paper's g: all-gather forward, reduce-scatter backward."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, group=None) -> torch.Tensor:
@@ -68,7 +75,7 @@ class _GatherSequence(torch.autograd.Function):
 
 
 class _ScatterSequence(torch.autograd.Function):
-    """g-bar: reduce-scatter forward, all-gather backward."""
+    """The paper's g-bar: reduce-scatter forward, all-gather backward."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, group=None) -> torch.Tensor:
@@ -81,12 +88,13 @@ class _ScatterSequence(torch.autograd.Function):
 
 
 def gather_sequence(x: torch.Tensor, group=None) -> torch.Tensor:
-    """f-bar, on entry to a tensor-parallel region: every rank gets every token."""
+    """The paper's g, on entry to a tensor-parallel region: every rank gets every token."""
     return _GatherSequence.apply(x, group)
 
 
 def scatter_sequence(x: torch.Tensor, group=None) -> torch.Tensor:
-    """g-bar, on exit: the ranks' partial outputs summed, each rank keeping its tokens."""
+    """The paper's g-bar, on exit: the ranks' partial outputs summed, each rank keeping its
+    tokens."""
     return _ScatterSequence.apply(x, group)
 
 

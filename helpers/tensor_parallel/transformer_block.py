@@ -163,7 +163,8 @@ class TPBlock(nn.Module):
         """The full block's output on every rank of ``group``: g sums the partial terms.
 
         With ``sequence_parallel`` ``x`` is this rank's ``seq / tp`` tokens and so is the
-        output: f and g become an all-gather and a reduce-scatter along the sequence.
+        output: f and g become an all-gather and a reduce-scatter along the sequence
+        (``gather_sequence`` and ``scatter_sequence``, Korthikanti et al.'s g and g-bar).
         ``group=None`` runs without communication, which is the whole block only when
         ``tp == 1``; for more ranks in one process use :func:`simulate_tp_block`.
         """

@@ -33,7 +33,18 @@ def test_one_process_holds_what_the_ledger_predicts_to_the_byte(dtype):
     memory.optimizer_state = held(model, opt).optimizer_state
     memory.activations = max(meter.peak.values())
     assert memory == predicted_memory(config, 0)
-    assert predicted_sent(config, 0) == {}  # one device sends nothing
+    assert predicted_sent(config, 0) == predicted_sent(config, 0, "gloo") == {}  # nothing sent
+
+
+def test_gloo_sends_twice_the_rings_bytes_for_each_reduce_scatter_of_the_plan():
+    fsdp, pipe = TrainerConfig(dp=2), TrainerConfig(dp=2, tp=2, pp=2)
+    ring, gloo = predicted_sent(fsdp, 0), predicted_sent(fsdp, 0, "gloo")
+    assert gloo["dp"] == ring["dp"] * 4 / 3  # two all-gathers and a reduce-scatter: 2 + 2
+    ring, gloo = predicted_sent(pipe, 0), predicted_sent(pipe, 0, "gloo")
+    assert gloo["dp"] == ring["dp"] * 3 / 2 and gloo["pp"] == ring["pp"]  # one all-gather
+    assert ring["tp"] < gloo["tp"] < 2 * ring["tp"]  # half its stream bytes reduce-scatter
+    with pytest.raises(ValueError, match="valid choices: ring, gloo"):
+        predicted_sent(fsdp, 0, "nccl")
 
 
 def test_the_meter_counts_a_received_input_but_no_weight_nor_a_view_of_one():
@@ -44,6 +55,18 @@ def test_the_meter_counts_a_received_input_but_no_weight_nor_a_view_of_one():
         y = (received @ layer.weight.t()).relu()  # saves received, the weight's transpose, y
     assert meter.live["cpu"] == 2 * received.nbytes  # received and y; no weight
     del y
+
+
+def test_the_meter_keeps_no_graph_alive_that_is_dropped_without_a_backward():
+    """exp saves its own output: a meter holding that tensor itself would close a loop
+    (output -> grad_fn -> saved value -> meter -> output) that only a backward breaks."""
+    weight = nn.Parameter(torch.randn(100, dtype=torch.float64))
+    meter = StageMeter()
+    with meter:
+        y = (torch.randn(100, dtype=torch.float64) * weight).exp()
+    assert meter.live["cpu"] == 2 * y.nbytes  # mul's input, exp's output
+    del y  # dropped, as PipelineStage drops its first stage's shape-inference forward
+    assert meter.live["cpu"] == 0
 
 
 def test_the_plan_splits_what_lesson_09_says():

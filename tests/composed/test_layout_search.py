@@ -78,6 +78,10 @@ def test_the_lessons_answers():
     assert describe(found["Llama-70B", 512]) == "FSDP 512 + recompute"
     without = search_layouts(LLAMA_70B_SHAPE, 64, recompute=(False,)).chosen
     assert (without.tp, without.pp) == (2, 1)
+    # without ZeRO-3 (data parallelism closer to Narayanan et al.'s) Llama-70B needs TP
+    plain = {n: search_layouts(LLAMA_70B_SHAPE, n, zero=(0, 1, 2)).chosen for n in (64, 512)}
+    assert describe(plain[64]) == "TP 4 x ZeRO-1 16 + recompute"
+    assert describe(plain[512]) == "TP 2 x ZeRO-2 256 + recompute"
 
 
 def test_tensor_parallelism_comes_before_pipeline_stages_at_equal_degree():

@@ -14,11 +14,12 @@ from course_tools.glossary import (
     problems,
     read_glossary,
     slug,
+    with_anchors,
 )
 from helpers.core.paths import REPO_ROOT
 
 LESSONS = sorted((REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-SMALL = """# Glossary
+SMALL = with_anchors("""# Glossary
 
 ## Bubble
 
@@ -31,7 +32,7 @@ Idle time.
 *Also:* f, g
 
 Megatron's operators.
-"""
+""")
 
 
 def lesson(*cells: str) -> dict[str, list[str]]:
@@ -108,3 +109,13 @@ def test_links_are_found_with_or_without_anchor():
 
 def test_the_site_and_a_code_host_find_the_glossary_where_the_lessons_link_it():
     assert (Path(LESSONS[0]).parent / "../docs/glossary.md").resolve() == GLOSSARY.resolve()
+
+
+def test_every_entry_has_an_anchor_jupyterlab_can_land_on():
+    assert with_anchors(SMALL) == SMALL  # once only
+    assert '<a id="f-and-g"></a>\n\n## f and g' in SMALL
+    bare = SMALL.replace('<a id="bubble"></a>\n\n', "")
+    found = problems(bare, lesson("[**f**](glossary.md#f-and-g) [x](glossary.md#bubble)"), 1)
+    assert any("lacks its <a id=...></a> line" in p for p in found)
+    assert not [p for p in problems(SMALL, lesson(
+        "[**f**](glossary.md#f-and-g) [x](glossary.md#bubble)"), 1) if "<a id" in p]

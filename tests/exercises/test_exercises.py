@@ -157,6 +157,8 @@ WRONG = {
     "07.2": (_Identity, "partial output"),
     "07.3": (lambda t, h, p, layers: layers * 2 * (p - 1) / p * t * h * 4, "backward"),
     "08.1": (NODE0, "second machine"),
+    "08.2": (lambda env: (f"cuda:{env['RANK']}", f"fc1_{env['RANK']}.bin",
+                          f"fc2_{env['RANK']}.bin"), "LOCAL_RANK"),
     "09.1": (_split(**{"attn.o_proj.weight": "rows"}), "row-parallel"),
     "09.2": (lambda t, h, tp, e: t * (6 * h * e + 8) * (tp - 1) / tp, "Korthikanti"),
     "09.3": (_loss_without(shift=False), "maximum"),
@@ -169,8 +171,8 @@ WRONG = {
 }
 PLACEHOLDERS = {"07.2": _Unsolved, "03.2": ..., "06.2": ..., "08.1": ...,
                 "09.1": dict.fromkeys(_split(), ...), "10.2": ...}
-# Lessons with fewer than two exercises, and why: lesson 08 gave "what fits" (08.2) to lesson 10.
-ONE_EXERCISE = {"08"}
+# Lessons with fewer than two exercises, and why (none at present).
+ONE_EXERCISE: set[str] = set()
 
 
 def test_every_exercise_has_a_checker_a_wrong_answer_and_a_solution():

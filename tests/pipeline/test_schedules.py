@@ -30,10 +30,19 @@ def test_the_pipelining_internals_we_wrap_still_exist():
                ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"))
 
 
-def test_a_missing_internal_is_reported(monkeypatch):
-    monkeypatch.delattr(schedules_module, "_wait_batch_p2p")
-    with pytest.raises(RuntimeError, match="_wait_batch_p2p"):
+@pytest.mark.parametrize("name", ["_wait_batch_p2p", "_batch_p2p"])
+def test_a_missing_internal_is_reported(monkeypatch, name):
+    monkeypatch.delattr(schedules_module, name)
+    with pytest.raises(RuntimeError, match=name):
         validate_instrumentable()
+
+
+def test_counting_transfers_without_the_internal_fails_loudly(monkeypatch):
+    from helpers.runs.schedules.transfers import count_transfers
+
+    monkeypatch.delattr(schedules_module, "_batch_p2p")
+    with pytest.raises(RuntimeError, match="_batch_p2p"), count_transfers():
+        pass
 
 
 def test_events_of_a_one_rank_gpipe_step(one_rank_group):
@@ -148,10 +157,40 @@ def test_every_schedule_is_proven_and_timed_on_two_ranks():
     split = result.cost_split_report()
     assert "zero_bubble, rank 0: I/F = " in split and "zero_bubble, rank 1: I/F = " in split
     assert "with I = W = F (formula and replay)" in split
+    assert result.transfers_ok, result.transfers_table()
+    one_f, interleaved = (result.runs[n] for n in ("1f1b", "interleaved_1f1b"))
+    for r in range(2):  # vK - 1 = 3 cuts between ranks instead of K - 1 = 1
+        assert interleaved.transfers[r].sent_bytes == 3 * one_f.transfers[r].sent_bytes
+        assert one_f.transfers[r].sent_bytes == 32 * 32 * 4  # the batch, one way each
     numbers = result.numbers()
     assert numbers["backend"] == "gloo" and numbers["sizes"]["microbatches"] == 4
     assert numbers["gpipe"]["proof_ok"] and "seconds_by_kind" in numbers["zero_bubble"]
     assert SchedulesResult.from_dict(json.loads(json.dumps(result.to_dict()))) == result
+
+
+def test_the_planned_sends_follow_the_chunks_placement():
+    from helpers.runs.schedules.transfers import planned_sends
+
+    # one chunk per rank: rank 0 sends the activations, rank 1 the gradients, M each
+    assert [planned_sends(r, 2, 1, 4) for r in range(2)] == [4, 4]
+    # two chunks per rank: 3 cuts between ranks, each way: 3M messages per rank
+    assert [planned_sends(r, 2, 2, 4) for r in range(2)] == [12, 12]
+    # four ranks, one chunk each: the ends take part in one cut, the middle ranks in two
+    assert [planned_sends(r, 4, 1, 8) for r in range(4)] == [8, 16, 16, 8]
+    assert planned_sends(0, 1, 1, 4) == 0  # one rank: nothing crosses
+
+
+def test_the_transfers_verdict_allows_exactly_gloos_headers():
+    from helpers.runs.schedules.transfers import RankTransfers
+
+    tensors = 4 * 1000
+    exact = RankTransfers(4, 4, tensors, tensors + 96 * 4 + 48 * 4)
+    assert exact.headers == 576 and exact.ok(4, 1000)
+    assert RankTransfers(4, 4, tensors, None).ok(4, 1000)  # wire not read: the counts alone
+    assert not RankTransfers(4, 4, tensors, tensors + 577).ok(4, 1000)  # more than headers
+    assert not RankTransfers(4, 4, tensors, tensors - 1).ok(4, 1000)  # less than the tensors
+    assert not RankTransfers(3, 4, 3000, 3000).ok(4, 1000)  # a send missing
+    assert not RankTransfers(4, 4, 4004, 4004 + 576).ok(4, 1000)  # wrong sizes
 
 
 def test_the_config_round_trips_through_the_workers_command_line():

@@ -123,15 +123,22 @@ def test_the_taught_loop_trains_without_a_harness_and_calls_its_hooks_in_order(t
 @pytest.mark.slow
 def test_the_3d_layout_trains_the_one_process_model_and_its_ranks_match_their_ledgers():
     """dp x tp x pp = 2 x 2 x 2 on 8 ranks, float64: every loss and the final weights
-    within the named tolerances; every rank's memory and bytes per mesh dimension as
-    predicted."""
+    within the named tolerances; every rank's memory, and the sizes of the calls it issues
+    per mesh dimension, as predicted; its sockets carry gloo's bytes plus headers; no rank
+    keeps saved tensors from one step into the next."""
+    from helpers.comm.wire import wire_unavailable
+
     run = launch(TrainerConfig(dp=2, tp=2, pp=2, steps=3, dtype="float64", **SMALL),
                  timeout=300)
     assert run.ok, run.report()
     assert run.weights_compared == run.parameters and len(run.ranks) == 8
     assert {r.rank for r in run.ranks} == set(range(8))
     assert all(r.state_ok and r.sent_ok and r.ledger_ok for r in run.ranks)
-    assert all(set(r.sent) == {"dp", "tp", "pp"} for r in run.ranks)
+    assert all(set(r.traffic.ring) == {"dp", "tp", "pp"} for r in run.ranks)
+    assert all(r.held_over == 0 for r in run.ranks)
+    # a reduce-scatter sends twice the ring's bytes on gloo: FSDP's and tensor parallelism's
+    assert all(r.traffic.gloo[d] > r.traffic.ring[d] for r in run.ranks for d in ("dp", "tp"))
+    assert all(r.wire_ok is (None if wire_unavailable() else True) for r in run.ranks)
     assert survivors() == []
 
 

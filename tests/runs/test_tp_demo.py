@@ -112,7 +112,8 @@ def test_two_gloo_ranks_match_native(tmp_path):
     assert native.sums_match(tp.checksum), (native, tp.checksum)
     assert tp.agrees(native) and tp.output.max_diff <= tp.output.tolerance
     assert len(tp.step.times) == len(tp.compute.times) == len(tp.allreduce.times) == 4
-    assert tp.allreduce_bytes_per_rank == 2 * 16 * 64 * 2  # 2(p-1)/p = 1 of 2x16x64 fp16
+    assert tp.ring_bytes == 2 * 16 * 64 * 2  # 2(p-1)/p = 1 of 2x16x64 fp16
+    assert [w.rank for w in tp.wire] == [0, 1] and tp.wire_ok
     log = next((tmp_path / "logs").glob("**/attempt_*/0/stdout.log")).read_text()
     assert "Namespace(hidden_size=64, ffn_size=256" in log
     assert "[INFO] backend: gloo on the CPU" in log

@@ -1,7 +1,9 @@
 """The whole small Llama split over tp ranks (lesson 09): on thread ranks, then under torchrun.
 
-Tolerance: ``RELATIVE_TOLERANCE`` (2^-16) times the largest value of each quantity, as
-the lesson's; the sums are the same float32 products in another order.
+Tolerances as the lesson's: ``RELATIVE_TOLERANCE`` (2^-16) times the largest value of the
+logits, the loss and the gradients (the same float32 products in another order), and each
+updated weight tensor against its own bound (``weight_tolerances``), which a skipped
+update fails.
 """
 
 import copy
@@ -14,6 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from helpers.comm.collectives import gloo_bytes
 from helpers.comm.meter import CommMeter
 from helpers.memory.saved import SavedTensorMeter
 from helpers.models.llama import LMConfig
@@ -24,9 +27,13 @@ from helpers.runs.tp_llama.results import (
     RELATIVE_TOLERANCE,
     LlamaTPResult,
     parts_of,
+    planned_calls,
     predicted_held,
     predicted_kept,
     predicted_sent,
+    priced,
+    proofs,
+    weight_tolerances,
 )
 from helpers.runs.tp_llama.step import (
     build_llama,
@@ -34,6 +41,7 @@ from helpers.runs.tp_llama.step import (
     make_batch,
     reference_step,
     step_diffs,
+    weight_diffs,
 )
 from helpers.runs.tp_llama.worker import rank_step
 from helpers.tensor_parallel import llama
@@ -75,22 +83,40 @@ def test_simulated_shards_give_the_whole_models_logits(tp):
             RELATIVE_TOLERANCE * full.abs().max())
 
 
-@pytest.mark.parametrize(("tp", "sp", "tied"), [(2, False, False), (2, True, False),
-                                                 (4, False, False), (4, True, False),
-                                                 (2, True, True)])
-def test_a_training_step_on_thread_ranks_equals_one_process(tp, sp, tied):
+def _proofs(tp, sp, tied=False, skip=None):
+    """Every rank's proofs of one step on thread ranks; ``skip``: a weight left un-updated."""
     model, ids, targets = _setup(tied=tied)
     reference = reference_step(copy.deepcopy(model), ids, targets, CONFIG.lr)
     scale = magnitudes(reference)
+    bounds = weight_tolerances(reference.grads, reference.weights, CONFIG.lr,
+                               RELATIVE_TOLERANCE * scale["gradients"])
     shards = [TPLlama(model, r, tp) for r in range(tp)]
 
     def work(rank, group):
         state = rank_step(shards[rank], ids, targets, group, CONFIG.lr, sequence_parallel=sp)
-        return step_diffs(model, rank, tp, state, reference)
+        if skip:  # the planted bug: this tensor keeps its weights from before the step
+            state.weights[skip] = shards[rank].get_parameter(skip).detach() + CONFIG.lr * (
+                state.grads[skip])
+        return proofs(step_diffs(model, rank, tp, state, reference), scale,
+                      weight_diffs(model, rank, tp, state, reference), bounds)
 
-    for diffs in _on_ranks(tp, work):
-        for what, diff in diffs.items():
-            assert diff <= RELATIVE_TOLERANCE * scale[what], (what, diff)
+    return _on_ranks(tp, work)
+
+
+@pytest.mark.parametrize(("tp", "sp", "tied"), [(2, False, False), (2, True, False),
+                                                 (4, False, False), (4, True, False),
+                                                 (2, True, True)])
+def test_a_training_step_on_thread_ranks_equals_one_process(tp, sp, tied):
+    for rank_proofs in _proofs(tp, sp, tied):
+        assert all(p.ok for p in rank_proofs), rank_proofs
+
+
+def test_the_weights_proof_fails_for_one_tensor_left_un_updated():
+    """q_proj's whole update is about as small as the old, global weights tolerance; the
+    weights' bound of its own catches it, while logits, loss and gradients stay right."""
+    for rank_proofs in _proofs(2, False, skip="blocks.0.attn.q_proj.weight"):
+        verdicts = {p.what: p.ok for p in rank_proofs}
+        assert verdicts == {"logits": True, "loss": True, "gradients": True, "weights": False}
 
 
 def test_without_the_norm_all_reduce_sequence_parallel_norms_are_wrong(monkeypatch):
@@ -120,14 +146,18 @@ def test_kept_activations_and_bytes_sent_are_what_shapes_predict(tp, sp, tied):
         with registered(group), CommMeter() as counter, meter:
             rank_step(shard, ids, targets, group, CONFIG.lr, sequence_parallel=sp,
                       on_loss=lambda: seen.update(meter.live))
-        return seen, dict(counter.per_collective.ring), sum(p.numel() for p in shard.parameters())
+        tally = counter.per_collective
+        return seen, (dict(tally.calls), dict(tally.ring), dict(tally.gloo)), sum(
+            p.numel() for p in shard.parameters())
 
-    predicted = predicted_kept(config, tp, sp)
-    for kept, sent, held in _on_ranks(tp, work):
+    predicted, plan = predicted_kept(config, tp, sp), planned_calls(config, sp)
+    for kept, (calls, ring, gloo), held in _on_ranks(tp, work):
         merged = {k: v for k, v in kept.items() if k not in ("norm", "head")}
         merged["norm + head"] = kept["norm"] + kept["head"]
         assert merged == predicted
-        assert sent == predicted_sent(config, tp, sp)
+        assert calls == {c: len(sizes) for c, sizes in plan.items()}
+        assert ring == predicted_sent(config, tp, sp)
+        assert gloo == priced(plan, tp, gloo_bytes)  # a reduce-scatter priced as an all-reduce
         assert held == predicted_held(config, tp)
 
 
@@ -224,6 +254,12 @@ def test_the_worker_on_torchrun_proves_every_quantity_and_prints_one_json_line()
                             time_one_process=True, warmup=1), nproc=2, timeout=180)
     assert isinstance(result, LlamaTPResult) and result.ok, result.verdicts()
     assert [m.name for m in result.modes] == ["TP", "TP + SP"]
+    for m in result.modes:  # each rank's sockets: gloo's payload and its headers, exactly
+        assert m.as_planned and [w.rank for w in m.wire] == [0, 1]
+        assert all(w.sent == w.payload + w.headers for w in m.wire)
+        assert m.native_kept and all(m.native_kept[b] == m.kept[b] for b in m.kept
+                                     if b.startswith("block"))  # PyTorch's SP keeps the same
+    assert result.sharpness.ok
     assert set(result.timing) == {"False", "True", "one process"}
     assert all(m.native and m.placements for m in result.modes)
     assert LlamaTPResult.from_dict(result.to_dict()) == result

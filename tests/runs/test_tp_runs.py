@@ -2,12 +2,15 @@
 (the tensor-parallel worker's: every world size in one launch)."""
 
 import sys
+import threading
 from contextlib import contextmanager
 from dataclasses import astuple, replace
 
 import pytest
 import torch
 
+from helpers.comm.collectives import run_collective
+from helpers.comm.wire import wire_unavailable
 from helpers.profiles import get_profile
 from helpers.runs import contract
 from helpers.runs.contract import launch, serve
@@ -15,6 +18,14 @@ from helpers.runs.tp_ffn import worker
 from helpers.runs.tp_ffn.config import MeshConfig, TPFFNConfig
 from helpers.runs.tp_ffn.results import MeshRun, SweepRun, TPRun
 from helpers.runs.tp_ffn.shard_files import write_all_shards
+from helpers.runs.tp_ffn.wire import (
+    NCCL_REASON,
+    ThreadRanksWire,
+    WireCheck,
+    gloo_header_bytes,
+    predict,
+)
+from helpers.torchrun.in_notebook import run_ranks
 from helpers.torchrun.ranks import Rank
 
 SMOKE = get_profile("smoke")
@@ -40,7 +51,10 @@ def test_one_sweep_launch_runs_every_world_size_on_its_first_ranks():
         # the group's own size: the ring's bytes and the ledger's 1/p come from it
         assert (run.world_size, run.backend) == (p, "gloo") and run.agrees(native)
         assert run.output.ok and 0 <= run.output.tolerance < 1e-4
-        assert run.allreduce_bytes_per_rank == 2 * (p - 1) / p * out_bytes
+        assert run.ring_bytes == 2 * (p - 1) / p * out_bytes
+        # every rank's sockets: gloo's ring payload (the ring's bytes) plus its headers
+        assert len(run.wire) == p and run.wire_ok
+        assert all(w.sent is None or w.sent == run.ring_bytes + w.headers for w in run.wire)
         assert run.memory.sum().weights == 2 * 32 * 64 * 4 // p  # fc1 and fc2 slices, float32
         step = run.train_step
         assert step.ok and step.activation == "gelu"
@@ -125,3 +139,40 @@ def test_an_unknown_activation_is_refused():
         replace(TINY, activation="relu").validate(2)
     with pytest.raises(SystemExit):
         TPFFNConfig.from_args(["--activation", "relu"])  # argparse's own choices
+
+
+def test_gloo_headers_are_counted_from_its_algorithms():
+    """48 bytes per message: two per piece sent, one per piece received (gloo's pair.cc);
+    the pieces of its ring all-reduce and all-gather. Measured on torch 2.14.1's gloo."""
+    assert [gloo_header_bytes("all_reduce", 2, s) for s in (256, 4 * 2**20, 20 * 2**20)] == [
+        576, 576, 2880]  # 2 segments per rank, then 1 MiB segments: 10 per rank
+    assert [gloo_header_bytes("all_reduce", 4, 4, r) for r in range(4)] == [144, 192, 288, 240]
+    assert gloo_header_bytes("reduce_scatter", 4, 20 * 2**20) == 4320  # an all-reduce on gloo
+    assert gloo_header_bytes("all_gather", 4, 1024) == 864
+    with pytest.raises(ValueError, match="valid: all_reduce, reduce_scatter, all_gather"):
+        gloo_header_bytes("broadcast", 2, 8)
+
+
+def test_a_wire_check_lies_between_gloos_payload_and_its_headers():
+    assert WireCheck(0, 110, 100.0, 10).ok and WireCheck(0, 100, 100.0, 10).ok
+    assert not WireCheck(0, 111, 100.0, 10).ok and not WireCheck(0, 99, 100.0, 10).ok
+    assert WireCheck(0, None, 100.0, 10, NCCL_REASON).ok  # nothing read, nothing judged
+
+
+@pytest.mark.skipif(wire_unavailable() is not None, reason=str(wire_unavailable()))
+@pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter", "all_gather"])
+def test_thread_ranks_put_gloos_payload_and_headers_on_the_wire(collective):
+    """Two thread ranks, one window around one call: both ranks' bytes, exactly."""
+    meter, size = ThreadRanksWire(), 64 * 1024
+    opened = threading.Barrier(2, action=meter.__enter__)
+    closed = threading.Barrier(2, action=lambda: meter.__exit__(None, None, None))
+
+    def work(rank, group):
+        full = torch.ones(size // 4)
+        opened.wait()
+        run_collective(collective, full, rank, 2, group=group)
+        closed.wait()
+
+    assert run_ranks(2, work, timeout=30) == [None, None]
+    expected = predict([(collective, size)], 2, 0)
+    assert meter.sent == 2 * (expected[0] + expected[1])

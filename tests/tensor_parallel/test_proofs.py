@@ -75,7 +75,8 @@ def test_sweep_numbers_keep_compute_and_allreduce_apart():
     assert row["compute_s"] == pytest.approx(0.2) and row["allreduce_s"] == pytest.approx(0.5)
     assert row["tp_s"] == 0.5 and row["native_s"] == pytest.approx(1.0)
     assert row["tp_simulate_s"] == pytest.approx(0.8)
-    assert row["allreduce_bytes_per_rank"] == 123.0 and row["agrees"]
+    assert row["ring_bytes_per_rank"] == 123.0 and row["agrees"]
+    assert row["wire_bytes_per_rank"] == [] and row["gloo_bytes_per_rank"] is None
 
 
 def test_a_run_agrees_only_within_its_tolerance_and_with_the_same_sum():

@@ -227,7 +227,7 @@ def test_cost_matches_the_shards_real_bytes_and_flops():
 def test_cost_table():
     table = comm.format_costs([comm.tp_cost(8, 512, 512, 4096, p, 2) for p in (1, 4)])
     assert table.splitlines() == [
-        "ranks  GFLOP/rank  weights/rank  all-reduce sent/rank  FLOPs per byte sent",
+        "ranks  GFLOP/rank  weights/rank  ring all-reduce/rank  FLOPs per byte sent",
         "    1      34.360      8.00 MiB                   0 B     no communication",
         "    4       8.590      2.00 MiB              6.00 MiB                1,365",
     ]

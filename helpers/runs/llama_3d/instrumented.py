@@ -3,11 +3,13 @@ lesson's instruments attached from outside, and its record against the one-proce
 
 :class:`Instruments` are the loop's hooks: they resume from a checkpoint and save one
 after each step (``helpers.composed.checkpoint``, with the weights' fingerprint,
-``digest``); around every step they read the clock, count what each mesh dimension
-sends (``helpers.comm.meter.CommMeter``) and meter the activations kept
-(``measure.StageMeter``); an optimizer pre-hook reads what the rank holds between the
-backward and the update (``measure.held``); and on the first attempt of a run that
-asks for it, one rank kills itself as a step starts.
+``digest``); around every step they read the clock, count the calls each mesh dimension
+issues and their bytes (``helpers.comm.meter.CommMeter``), read the bytes this rank's
+sockets carried (``helpers.comm.wire.WireMeter``, outside the clock: each read lists the
+process's sockets) and meter the activations kept (``measure.StageMeter``); an optimizer
+pre-hook reads what the rank holds between the backward and the update
+(``measure.held``); and on the first attempt of a run that asks for it, one rank kills
+itself as a step starts.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from helpers.comm.meter import CommMeter
+from helpers.comm.wire import WireMeter
 from helpers.composed import checkpoint
 from helpers.composed.ledger import predicted_memory, predicted_sent
 from helpers.composed.training import CPU, Hooks, Trained, train_3d
@@ -29,7 +32,10 @@ from helpers.runs.llama_3d.config import TrainerConfig
 from helpers.runs.llama_3d.digest import gathered_fingerprint, parameter_names
 from helpers.runs.llama_3d.measure import StageMeter, held
 from helpers.runs.llama_3d.reference import compare_weights, reference_run
-from helpers.runs.llama_3d.results import DIMS, LayoutRun, RankRecord
+from helpers.runs.llama_3d.results import DIMS, LayoutRun, RankRecord, Traffic
+
+NCCL_WIRE = ("not read: NCCL's collectives go over NVLink, PCIe or InfiniBand, not this "
+             "process's TCP sockets")
 
 
 def attempt() -> int:
@@ -74,6 +80,8 @@ class Instruments(Hooks):
             self.loaded_ok = self.fingerprint() == manifest.weights_sha256
         dims = {d: state.mesh[d].get_group() for d in DIMS if getattr(config.layout, d) > 1}
         self.comms = CommMeter(dims, timed=True, synchronize=self.device.type == "cuda")
+        self.comms.wire = contextlib.nullcontext()  # its reads would fall inside the clock
+        self.wire = WireMeter()
         self.meter = StageMeter()
         self.memory = held(state.module, state.optimizer)  # as it stays if no step is left
         state.optimizer.register_step_pre_hook(self._held)
@@ -99,14 +107,34 @@ class Instruments(Hooks):
         self.before = max(self.meter.live.values(), default=0)  # kept from an earlier step
         dist.barrier(group=self.state.group)
         _sync(self.device)
-        begin = time.perf_counter()
-        # the optimizer's step is counted too: replicated weights' gradients are summed
-        with (self.comms if timed else contextlib.nullcontext()), self.meter:
-            yield
-        self.kept = max(self.meter.peak.values(), default=0) - self.before  # its own peak
-        _sync(self.device)
-        if timed:
-            self.step_s.append(time.perf_counter() - begin)
+        with self.wire if timed else contextlib.nullcontext():  # read outside the clock
+            begin = time.perf_counter()
+            # the optimizer's step is counted too: replicated weights' gradients are summed
+            with (self.comms if timed else contextlib.nullcontext()), self.meter:
+                yield
+            self.kept = max(self.meter.peak.values(), default=0) - self.before  # its own peak
+            _sync(self.device)
+            if timed:
+                self.step_s.append(time.perf_counter() - begin)
+
+    def per_step(self, tally: dict) -> dict[str, float]:
+        """A tally of the timed steps, per step."""
+        return {k: v / max(len(self.step_s), 1) for k, v in tally.items()}
+
+    def traffic(self) -> Traffic:
+        """What this rank sent per timed step: the calls, by formula, and on its sockets."""
+        group, wire = self.comms.per_group, self.wire
+        if self.device.type == "cuda":
+            sent, note = None, NCCL_WIRE
+        elif not wire.available:
+            sent, note = None, f"not read: {wire.reason}"
+        else:
+            sent, note = wire.sent / max(len(self.step_s), 1), ""
+        layout = self.config.layout
+        return Traffic(self.per_step(group.calls), self.per_step(group.ring),
+                       self.per_step(group.gloo),
+                       self.per_step(self.comms.per_collective.calls), sent, note,
+                       max(layout.dp, layout.tp))
 
     def end_step(self, step: int, state: Trained) -> None:
         """A checkpoint after the step, where the run asks for one."""
@@ -126,12 +154,11 @@ class Instruments(Hooks):
         memory = self.memory
         memory.optimizer_state = held(state.module, state.optimizer).optimizer_state
         memory.activations = self.kept  # AdamW's state after a step; the last step's peak
-        timed, stage = max(len(self.step_s), 1), coords["pp"]
+        stage = coords["pp"]
         mine = RankRecord(dist.get_rank(), coords, memory, predicted_memory(config, stage),
-                          self.before, {d: s / timed for d, s in self.comms.per_group.ring.items()},
-                          predicted_sent(config, stage),
-                          {d: s / timed for d, s in self.comms.per_group.seconds.items()},
-                          self.step_s)
+                          self.before, self.traffic(), predicted_sent(config, stage),
+                          predicted_sent(config, stage, "gloo"),
+                          self.per_step(self.comms.per_group.seconds), self.step_s)
         ranks: list = [None] * dist.get_world_size(state.group)
         dist.all_gather_object(ranks, mine, group=state.group)
         layout = config.layout

@@ -31,6 +31,14 @@ class StageMeter(SavedTensorMeter):
     one, or the whole one ``fully_shard`` gathered for a forward), or a view of one, is
     not an activation; the input a pipeline stage received is. A ``DTensor`` counts its
     local piece.
+
+    It keeps a detached alias of each saved tensor (the same storage, no ``grad_fn``).
+    Keeping the tensor itself would close a loop when an operation saves its own output
+    (``rsqrt``, ``exp``, attention): output -> its ``grad_fn`` -> the saved value -> the
+    holder -> the output. A backward breaks that loop, but a graph dropped without one
+    (the shape-inference forward of ``PipelineStage`` on the first stage, whose token
+    ids need no gradient) would then stay alive as long as the process, held by the
+    meter alone.
     """
 
     def __init__(self) -> None:
@@ -44,8 +52,8 @@ class StageMeter(SavedTensorMeter):
             return tensor
         piece = local(tensor)
         if piece is tensor:
-            return super()._pack(tensor)
-        return _Wrapped(tensor, super()._pack(piece))
+            return super()._pack(tensor.detach())
+        return _Wrapped(tensor.detach(), super()._pack(piece.detach()))
 
     @staticmethod
     def _unpack(packed: object) -> torch.Tensor:

@@ -15,9 +15,8 @@ def proof_table(runs: list[LayoutRun]) -> str:
     lines = [f"{'layout':<20}{'ranks':>6}{'loss |diff| max':>17}{'of its tol.':>12}"
              f"{'weights |diff|':>16}{'tolerance':>11}  verdict"]
     for run in runs:
-        worst = max(d / t for d, t in zip(run.loss_diffs, run.loss_tolerances, strict=True))
         lines.append(f"{str(run.layout):<20}{run.layout.world_size:>6}"
-                     f"{max(run.loss_diffs):>17.1e}{worst:>12.2f}{run.weight_diff:>16.1e}"
+                     f"{max(run.loss_diffs):>17.1e}{run.loss_share:>12.2f}{run.weight_diff:>16.1e}"
                      f"{run.weight_tolerance:>11.1e}  {'equal' if run.ok else 'DIFFERENT'}")
     return "\n".join(lines)
 
@@ -36,15 +35,42 @@ def ledger_table(runs: list[LayoutRun]) -> str:
 
 
 def sent_table(runs: list[LayoutRun]) -> str:
-    """Per layout and stage: bytes one rank sends per step along each mesh dimension,
-    counted / predicted."""
-    lines = [f"{'layout':<20}{'stage':>6}" + "".join(f"{d + ' counted / predicted':>30}"
-                                                     for d in DIMS)]
+    """Per layout and stage: the calls one rank issues per step along each mesh dimension
+    and their bytes, by the ring formula and by gloo's algorithms (a pipeline's sends are
+    the same either way)."""
+    spans = {"dp": 30, "tp": 30, "pp": 19}
+    top = f"{'':<26}" + "".join(f"  {f' {d} ':-^{spans[d] - 2}}" for d in DIMS)
+    head = (f"{'layout':<20}{'stage':>6}" + f"{'calls':>8}{'ring':>11}{'gloo':>11}" * 2
+            + f"{'calls':>8}{'sent':>11}")
+    lines = [top, head]
     for run in runs:
         for r in run.stage_ranks():
-            cells = "".join(f"{format_bytes(r.sent[d]):>14} / {format_bytes(r.predicted_sent[d]):<13}"
-                            if d in r.predicted_sent else f"{'-':>30}" for d in DIMS)
+            t, cells = r.traffic, ""
+            for d in DIMS:
+                if d not in r.predicted_ring:
+                    cells += f"{'-':>{spans[d]}}"
+                elif d == "pp":
+                    cells += f"{t.calls[d]:>8.0f}{format_bytes(t.ring[d]):>11}"
+                else:
+                    cells += (f"{t.calls[d]:>8.0f}{format_bytes(t.ring[d]):>11}"
+                              f"{format_bytes(t.gloo[d]):>11}")
             lines.append(f"{str(run.layout):<20}{r.stage:>6}{cells}")
+    return "\n".join(lines)
+
+
+def wire_table(runs: list[LayoutRun]) -> str:
+    """Per layout and stage: one rank's bytes per step, all dimensions together, by the
+    ring formula, by gloo's algorithms, and on its sockets, with gloo's headers."""
+    lines = [f"{'layout':<20}{'stage':>6}{'ring formula':>14}{'gloo algorithms':>17}"
+             f"{'on the wire':>14}{'wire - gloo':>13}{'header bound':>14}"]
+    for run in runs:
+        for r in run.stage_ranks():
+            t = r.traffic
+            ring, gloo = sum(t.ring.values()), t.total_gloo
+            wire = "not read" if t.wire is None else f"{t.wire:,.0f}"
+            extra = "" if t.wire is None else f"{t.wire - gloo:,.0f}"
+            lines.append(f"{str(run.layout):<20}{r.stage:>6}{ring:>14,.0f}{gloo:>17,.0f}"
+                         f"{wire:>14}{extra:>13}{t.headers:>14,.0f}")
     return "\n".join(lines)
 
 

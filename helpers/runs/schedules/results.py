@@ -1,7 +1,8 @@
 """What lesson 04's launch returns: per schedule a ``ScheduleRun``, which derives every
 number (step time, idle shares, the bubble in theory and replayed) from the recorded
-events and decides the proof's verdict once, against ``PROOF_TOLERANCE``. Used by lesson
-04, ``make bench`` and ``make gpu-check``.
+events and decides the proof's verdict once, against ``PROOF_TOLERANCE``, and the
+transfers' verdict once, against gloo's headers (``transfers``). Used by lesson 04,
+``make bench`` and ``make gpu-check``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,12 @@ from helpers.pipeline.schedule import PROOF_TOLERANCE
 from helpers.runs.contract import Record
 from helpers.runs.schedules.config import SchedulesConfig
 from helpers.runs.schedules.report import ideal_timeline
+from helpers.runs.schedules.transfers import (
+    HEADERS_PER_RECEIVE,
+    HEADERS_PER_SEND,
+    RankTransfers,
+    planned_sends,
+)
 
 
 @dataclass(frozen=True)
@@ -49,10 +56,24 @@ class ScheduleRun(Record):
     start_ns: int
     end_ns: int
     peak_activation_bytes: list[int]
+    message_bytes: int  # one micro-batch's activation (or its gradient): what a send carries
+    transfers: list[RankTransfers]  # per rank, in one untimed step
+    wire_reason: str | None  # why the sockets were not read (None: they were)
 
     @property
     def chunks_per_rank(self) -> int:
         return CHUNKS_PER_RANK[self.name]
+
+    def planned_sends(self, rank: int) -> int:
+        """Messages ``rank`` sends (and receives) in one step, by the chunks' placement."""
+        return planned_sends(rank, self.ranks, self.chunks_per_rank, self.microbatches)
+
+    @property
+    def transfers_ok(self) -> bool:
+        """Every rank posted the planned sends and receives with the planned bytes, and its
+        sockets sent those bytes plus at most gloo's headers."""
+        return all(t.ok(self.planned_sends(r), self.message_bytes)
+                   for r, t in enumerate(self.transfers))
 
     @property
     def timing(self) -> Timing:
@@ -104,6 +125,8 @@ class ScheduleRun(Record):
                 "free_communication_idle_fraction": self.free_communication_idle_fraction,
                 "seconds_by_kind": {k: t for k in COMPUTE if any(t := self.seconds(k))},
                 "peak_activation_bytes": self.peak_activation_bytes,
+                "transfers": [t.to_dict() for t in self.transfers],
+                "wire_reason": self.wire_reason, "transfers_ok": self.transfers_ok,
                 "proof": self.proof.to_dict(), "proof_ok": self.proof.ok}
 
 
@@ -177,6 +200,40 @@ class SchedulesResult(Record):
                      f"{run.free_communication_idle_fraction:.1%} replaying the same order "
                      "with this run's measured costs and free sends; measured per rank: "
                      + " ".join(f"{x:.0%}" for x in run.idle_fraction))
+        return "\n".join(lines)
+
+    @property
+    def transfers_ok(self) -> bool:
+        return all(run.transfers_ok for run in self.runs.values())
+
+    @property
+    def message_bytes(self) -> int:
+        """What one send carries: one micro-batch's activation or gradient (every block
+        keeps the width, so every cut's is the same size)."""
+        return next(iter(self.runs.values())).message_bytes
+
+    def sent_bytes(self, *names: str) -> list[list[int]]:
+        """Tensor bytes each rank sent in the counted step, of each schedule named."""
+        return [[t.sent_bytes for t in self.runs[n].transfers] for n in names]
+
+    def transfers_table(self) -> str:
+        """Per schedule and rank: sends, the tensors' bytes, the wire's, and the headers."""
+        lines = [f"{'schedule':<17}{'rank':>5}{'sends':>7}{'tensors (B)':>13}"
+                 f"{'on the wire (B)':>17}  wire - tensors"]
+        for name, run in self.runs.items():
+            for r, t in enumerate(run.transfers):
+                wire = "-" if t.wire_sent is None else f"{t.wire_sent:,}"
+                extra = "-" if t.wire_sent is None else (
+                    f"{t.wire_sent - t.sent_bytes:,} = {HEADERS_PER_SEND} x {t.sends} sends + "
+                    f"{HEADERS_PER_RECEIVE} x {t.receives} receives" if t.wire_sent - t.sent_bytes == t.headers
+                    else f"{t.wire_sent - t.sent_bytes:,} (headers at most {t.headers:,})")
+                lines.append(f"{name:<17}{r:>5}{t.sends:>7}{t.sent_bytes:>13,}{wire:>17}  "
+                             f"{extra}")
+        reasons = {run.wire_reason for run in self.runs.values()} - {None}
+        lines += [f"wire not read: {reason}" for reason in sorted(reasons)]
+        verdict = "OK" if self.transfers_ok else "FAILED"
+        lines.append(f"every rank: sends, receives and tensor bytes as planned; wire within "
+                     f"[tensors, tensors + gloo's headers]  {verdict}")
         return "\n".join(lines)
 
     def peaks_table(self) -> str:

@@ -3,8 +3,9 @@
 Every rank builds the same MLP stack, keeps its chunks, and for each schedule first proves
 one training step against the one-process step with gradients accumulated over the same
 micro-batches, then times ``--steps`` steps, recording every stage action (F, B, I, W and
-send and receive waits) and the live activation bytes of the last one. Rank 0 returns a
-``SchedulesResult``.
+send and receive waits) and the live activation bytes of the last one, and last runs one
+untimed step that counts the sends and receives the schedule posts and the bytes that
+leave this rank's sockets (``transfers``). Rank 0 returns a ``SchedulesResult``.
 The step and its proof are ``helpers.pipeline.runtime``'s, the same code as lesson 03's.
 """
 
@@ -17,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from helpers.comm.wire import WireMeter
 from helpers.memory.saved import SavedTensorMeter
 from helpers.models.mlp_stack import build_stack, chunk_of
 from helpers.pipeline.events import record_actions
@@ -24,7 +26,26 @@ from helpers.pipeline.runtime import build_pipeline, prove_step, rank_chunks, tr
 from helpers.runs.contract import serve
 from helpers.runs.schedules.config import SchedulesConfig, validate_plan
 from helpers.runs.schedules.results import ScheduleRun, SchedulesResult, StepProof
+from helpers.runs.schedules.transfers import RankTransfers, count_transfers
 from helpers.torchrun.ranks import Rank
+
+
+def wire_reason(backend: str, wire: WireMeter) -> str | None:
+    """Why the wire is not read on this run (None: it is)."""
+    if backend != "gloo":
+        return f"backend {backend}: the tensors go device to device, not through the sockets"
+    return wire.reason
+
+
+def counted_step(pipe, x: torch.Tensor, y: torch.Tensor, backend: str) -> tuple[RankTransfers,
+                                                                               str | None]:
+    """One untimed step: the sends and receives posted, and this rank's socket bytes."""
+    dist.barrier()
+    with WireMeter() as wire, count_transfers() as counted:
+        train_step(pipe, x, y)
+    reason = wire_reason(backend, wire)
+    return RankTransfers(counted.sends, counted.receives, counted.sent_bytes,
+                         None if reason else wire.sent), reason
 
 
 def run(
@@ -57,8 +78,10 @@ def run(
         dist.barrier()
         times.append((end - start) / 1e9)
         actions, span, peak = recorded, (start, end), sum(meter.peak.values())
+    transfers, reason = counted_step(pipe, x, y, rank.backend)
     everything = [None] * rank.world_size if rank.rank == 0 else None
-    dist.gather_object(([a.as_dict() for a in actions], span, peak), everything, dst=0)
+    dist.gather_object(([a.as_dict() for a in actions], span, peak, transfers.to_dict()),
+                       everything, dst=0)
     if everything is None or proof is None:
         return None
     c = proof.comparison
@@ -72,6 +95,9 @@ def run(
         start_ns=min(e[1][0] for e in everything),
         end_ns=max(e[1][1] for e in everything),
         peak_activation_bytes=[e[2] for e in everything],
+        message_bytes=x.chunk(config.microbatches)[0].nbytes,
+        transfers=[RankTransfers.from_dict(e[3]) for e in everything],
+        wire_reason=reason,
     )
 
 

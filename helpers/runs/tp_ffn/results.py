@@ -4,7 +4,9 @@ Every worker decides each proof's verdict once, on the ranks, as a ``Proof`` who
 tolerance comes from :func:`helpers.tensor_parallel.proofs.output_tolerance` (a few units
 in the last place per rank); rank 0 writes its result (``to_dict``) and the lesson reads
 it back (``from_dict``) into the same object, whose reports are what the lesson prints.
-A run's sum agrees with native's within ``eps * sum|y|`` (``checksums_match``).
+A run's sum agrees with native's within ``eps * sum|y|`` (``checksums_match``), and the
+bytes each rank's sockets sent for g's all-reduce lie within gloo's prediction
+(``helpers.runs.tp_ffn.wire.WireCheck``: the payload, plus the headers its algorithm writes).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from helpers.core.timing import Timing
 from helpers.memory.ledger import Ledger
 from helpers.profiles import FFNSizes
 from helpers.runs.contract import Record
+from helpers.runs.tp_ffn.wire import WireCheck, wire_line
 from helpers.tensor_parallel.dtensor import DTensorRun
 from helpers.tensor_parallel.proofs import checksums_match
 
@@ -76,8 +79,9 @@ class TPRun(Record):
     compute: Timing
     allreduce: Timing
     step: Timing
-    allreduce_bytes_per_rank: float  # a ring's 2(p-1)/p of the output's bytes
+    ring_bytes: float  # what a ring (NCCL's) sends per rank per all-reduce: 2(p-1)/p x output
     memory: Ledger  # rank 0's, one float32 SGD step, measured on the rank
+    wire: tuple[WireCheck, ...] = ()  # each rank's sockets, one forward's all-reduce (g)
     train_step: TrainStep | None = None
     dtensor: DTensorRun | None = None  # parallelize_module on the same ranks, if asked
     wide: WideRun | None = None  # the forward at a wider size, if asked
@@ -86,6 +90,22 @@ class TPRun(Record):
     def agrees(self, native: NativeRun) -> bool:
         """Element by element within the tolerance, and the same sum as native."""
         return self.output.ok and native.sums_match(self.checksum)
+
+    @property
+    def wire_ok(self) -> bool:
+        """Every rank's sockets sent what gloo's algorithm predicts (or were not read)."""
+        return all(w.ok for w in self.wire)
+
+    def bytes_report(self) -> str:
+        """One forward's all-reduce, per rank: the ring formula, gloo's algorithm (payload
+        and headers), the sockets."""
+        if not self.wire:
+            return f"p={self.world_size}: ring formula {self.ring_bytes:,.0f} B; wire not read"
+        w = self.wire[0]
+        verdict = "within" if self.wire_ok else "NOT within"
+        return (f"p={self.world_size}: ring formula {self.ring_bytes:>7,.0f} B | gloo "
+                f"{w.payload:>7,.0f} B + {w.headers:>5,} B of headers | on the wire "
+                f"{wire_line(self.wire)}: {verdict} gloo's prediction")
 
     def report(self, native: NativeRun) -> str:
         """One line: the worst difference from native over every rank and element, the sum."""
@@ -116,8 +136,10 @@ class SweepRun(Record):
 
     @property
     def ok(self) -> bool:
-        """tp_simulate, and every world size's output, agree with native."""
-        return self.native.simulate.ok and all(r.agrees(self.native) for r in self.runs.values())
+        """tp_simulate, and every world size's output, agree with native; every rank's
+        sockets sent what gloo predicts."""
+        return self.native.simulate.ok and all(r.agrees(self.native) and r.wire_ok
+                                               for r in self.runs.values())
 
 
 @dataclass(frozen=True)

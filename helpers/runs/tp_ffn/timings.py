@@ -73,7 +73,9 @@ class Sweep:
                  "tp_simulate_std_s": self.simulated[p].std, "tp_s": r.step.mean,
                  "tp_std_s": r.step.std, "compute_s": r.compute.mean,
                  "allreduce_s": r.allreduce.mean,
-                 "allreduce_bytes_per_rank": r.allreduce_bytes_per_rank,
+                 "ring_bytes_per_rank": r.ring_bytes,
+                 "wire_bytes_per_rank": [w.sent for w in r.wire],
+                 "gloo_bytes_per_rank": r.wire[0].payload if r.wire else None,
                  "output_max_diff": r.output.max_diff, "output_tolerance": r.output.tolerance,
                  "agrees": r.agrees(self.native)} for p, r in self.runs.items()]  # fmt: skip
 

@@ -5,8 +5,9 @@
 
 Each rank loads only its shard files and computes ``g(shard(f(x)))`` with the f and g
 of ``helpers.tensor_parallel.mappings``. It times the forward (compute and all-reduce apart),
-proves its full output equal to the native FFN element by element and measures its
-memory ledger; then, as asked (``TPFFNConfig``), proves one SGD step through f and g,
+proves its full output equal to the native FFN element by element, reads from its
+sockets the bytes one forward's all-reduce sent (beside gloo's prediction), and measures
+its memory ledger; then, as asked (``TPFFNConfig``), proves one SGD step through f and g,
 proves ``parallelize_module`` against its hand-made shard, and times a wider FFN. What
 each step does is in ``helpers.tensor_parallel.rank_work`` and ``dtensor``.
 
@@ -22,16 +23,20 @@ from __future__ import annotations
 
 import time
 
+import torch
 import torch.distributed as dist
+from torch import nn
 
+from helpers.comm.wire import WireMeter
 from helpers.core.checks import Proof
 from helpers.core.devices import dtype_name, resolve_dtype
 from helpers.runs.contract import serve
 from helpers.runs.tp_ffn.config import TPFFNConfig
 from helpers.runs.tp_ffn.native import info_line, run_native
 from helpers.runs.tp_ffn.results import SweepRun, TPRun, TrainStep, WideRun
+from helpers.runs.tp_ffn.wire import WireCheck, checked, every_rank, predict
 from helpers.tensor_parallel.dtensor import prove_parallelize_module
-from helpers.tensor_parallel.mappings import ring_allreduce_bytes
+from helpers.tensor_parallel.mappings import f, g, ring_allreduce_bytes
 from helpers.tensor_parallel.proofs import checksum
 from helpers.tensor_parallel.rank_work import (
     native_diff,
@@ -48,6 +53,21 @@ def backend_line(rank: Rank, dtype: str) -> str:
     """``[INFO] backend: ...``: why this backend, how many ranks, on what."""
     return (f"[INFO] backend: {rank.reason}; {rank.world_size} ranks, each on {rank.device}, "
             f"dtype {dtype}")
+
+
+def forward_wire(shard: nn.Module, x: torch.Tensor, rank: Rank) -> tuple[WireCheck, ...]:
+    """Every rank's bytes on its sockets for one forward: g's all-reduce of the partial
+    output (f is the identity forward), read in a window of its own, untimed."""
+    with torch.no_grad():
+        partial = shard(f(x, rank.group))
+        size = partial.numel() * partial.element_size()
+        payload, headers = predict([("all_reduce", size)], rank.world_size, rank.rank,
+                                   partial.element_size())
+        dist.barrier(group=rank.group)  # no rank is still busy with earlier collectives
+        meter = WireMeter()
+        with meter:
+            g(partial, rank.group)
+    return every_rank(checked(meter, rank.backend, rank.rank, payload, headers), rank.group)
 
 
 def tp_rank_run(config: TPFFNConfig, rank: Rank, *, dtensor: bool = False,
@@ -78,7 +98,7 @@ def tp_rank_run(config: TPFFNConfig, rank: Rank, *, dtensor: bool = False,
         p, rank.backend, str(rank.device), dtype_name(dtype), tuple(out.shape),
         total_sum, abs_sum, Proof("output", diff, tol), compute, reduce, total,
         ring_allreduce_bytes(out.numel() * out.element_size(), p),
-        rank_memory(config, rank, shard), step,
+        rank_memory(config, rank, shard), forward_wire(shard, x, rank), step,
         prove_parallelize_module(config, rank, shard, x) if dtensor else None, wide,
     )  # fmt: skip
 

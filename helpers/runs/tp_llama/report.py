@@ -15,7 +15,7 @@ def proof_lines(result: LlamaTPResult) -> str:
     lines = []
     for m in result.modes:
         lines.append(f"tp={result.world_size}, {m.name}: against one process "
-                     "(largest difference over all ranks)")
+                     "(largest difference over all ranks; weights: the tensor nearest its bound)")
         lines += ["  " + p.line() for p in m.proofs]
         if m.native:
             lines.append("  parallelize_module + loss_parallel against the hand split:")
@@ -33,27 +33,58 @@ def kept_table(results: Sequence[LlamaTPResult]) -> str:
     one = results[0].one_process_kept
     cols = [("one process", one, one == results[0].predicted_one_process_kept),
             *[(name, m.kept, m.kept == m.predicted_kept) for name, m in _columns(results)]]
+    return _parts_table(cols, "= predicted")
+
+
+def native_kept_table(results: Sequence[LlamaTPResult]) -> str:
+    """What PyTorch's split (``parallelize_module``) kept for backward per part, beside the
+    hand split's, measured the same way, for each run that proved it."""
+    cols = [c for name, m in _columns(results) if m.native_kept for c in (
+        (f"{name} hand", m.kept, True), (f"{name} PyTorch", m.native_kept, m.native_kept == m.kept))]
+    return _parts_table(cols, "= hand") if cols else "PyTorch's split was not run"
+
+
+def _parts_table(cols: list[tuple[str, dict[str, int], bool]], same: str) -> str:
     width = max(len(c[0]) for c in cols) + 2
     lines = [f"{'part':<12}" + "".join(f"{c[0]:>{width}}" for c in cols)]
-    for part in one:
+    for part in cols[0][1]:
         lines.append(f"{part:<12}" + "".join(f"{format_bytes(c[1][part]):>{width}}" for c in cols))
     lines.append(f"{'total':<12}" + "".join(
         f"{format_bytes(sum(c[1].values())):>{width}}" for c in cols))
-    lines.append(f"{'= predicted':<12}" + "".join(
-        f"{'yes' if c[2] else 'NO':>{width}}" for c in cols))
+    lines.append(f"{same:<12}" + "".join(f"{'yes' if c[2] else 'NO':>{width}}" for c in cols))
     return "\n".join(lines)
 
 
 def sent_table(results: Sequence[LlamaTPResult]) -> str:
-    """Bytes one rank sends in a step, per collective: counted on the ranks, predicted."""
-    lines = [f"{'run':<14}{'collective':<16}{'calls':>6}{'sent (counted)':>16}"
-             f"{'predicted':>12}{'total sent':>13}"]
+    """The collectives one rank issued in a step, per collective: calls (against the plan),
+    and their bytes by the ring formula (what NCCL's ring sends) and by gloo's algorithms
+    (what this run's backend sends)."""
+    lines = [f"{'run':<14}{'collective':<16}{'calls':>6}{'= plan':>8}{'ring formula':>15}"
+             f"{'gloo':>13}"]
     for name, m in _columns(results):
-        for k, (collective, sent) in enumerate(sorted(m.sent.items())):
-            total = format_bytes(sum(m.sent.values())) if k == 0 else ""
+        for k, collective in enumerate(sorted(m.calls)):
+            same = (m.calls[collective] == len(m.planned.get(collective, []))
+                    and m.ring[collective] == m.planned_ring.get(collective)
+                    and m.gloo[collective] == m.planned_gloo.get(collective))
             lines.append(f"{name if k == 0 else '':<14}{collective:<16}{m.calls[collective]:>6}"
-                         f"{format_bytes(sent):>16}{format_bytes(m.predicted_sent[collective]):>12}"
-                         f"{total:>13}")
+                         f"{'yes' if same else 'NO':>8}{format_bytes(m.ring[collective]):>15}"
+                         f"{format_bytes(m.gloo[collective]):>13}")
+    return "\n".join(lines)
+
+
+def wire_table(results: Sequence[LlamaTPResult]) -> str:
+    """Per run, the step's bytes per rank: ring formula, gloo's algorithms (payload and
+    headers), and what each rank's sockets sent."""
+    lines = [f"{'run':<14}{'ring formula':>14}{'gloo payload':>14}{'+ headers':>11}"
+             f"{'on the wire, per rank':>24}  within gloo's prediction"]
+    for name, m in _columns(results):
+        w = m.wire[0]
+        sent = sorted({c.sent for c in m.wire if c.sent is not None})
+        shown = (f"{sent[0]:,} B" if len(sent) == 1 else
+                 " / ".join(f"{c:,}" for c in sent) if sent else "not read")
+        lines.append(f"{name:<14}{sum(m.ring.values()):>12,.0f} B{w.payload:>12,.0f} B"
+                     f"{w.headers:>9,} B{shown:>24}  "
+                     f"{'yes' if all(c.ok for c in m.wire) else 'NO'}")
     return "\n".join(lines)
 
 

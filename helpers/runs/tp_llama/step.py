@@ -3,20 +3,25 @@ step, PyTorch's split's step (``parallelize_module``), and the comparison.
 
 Every step takes the same weights, tokens and targets (the hand split's is the worker's
 ``rank_step``); :func:`step_diffs` compares what a rank holds after its step with its
-slice of the one-process step: the logits, the loss, every gradient and every updated
-weight. SGD keeps the weights' check as sharp as the gradients' (``w - lr * grad``);
-Adam's first step would move every weight by about ``lr`` whatever its gradient's size
-(lesson 06).
+slice of the one-process step: the logits, the loss and every gradient, and
+:func:`weight_diffs` every updated weight, tensor by tensor. With SGD an updated weight is
+``w - lr * grad``, so each tensor's bound follows from the gradients' (``results.
+weight_tolerances``); Adam's first step would move every weight by about ``lr`` whatever
+its gradient's size (lesson 06). :class:`LocalSavedMeter` measures what PyTorch's split
+keeps for backward, as lesson 01's meter does for plain tensors.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from helpers.memory.saved import SavedTensorMeter, _Held
 from helpers.models.llama import LMConfig, TinyLM, build_lm
 from helpers.tensor_parallel.llama import model_cuts
 
@@ -86,14 +91,18 @@ def _like(grad: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     return grad
 
 
-def native_step(model: TinyLM, ids: torch.Tensor, targets: torch.Tensor, lr: float) -> StepState:
+def native_step(model: TinyLM, ids: torch.Tensor, targets: torch.Tensor, lr: float, *,
+                on_loss: Callable[[], None] | None = None) -> StepState:
     """One SGD step of a parallelized model: ``F.cross_entropy`` under ``loss_parallel`` on
-    the vocabulary-sharded logits; what this rank holds (local shards) afterwards."""
+    the vocabulary-sharded logits; what this rank holds (local shards) afterwards.
+    ``on_loss`` runs between the loss and backward."""
     from torch.distributed.tensor.parallel import loss_parallel
 
     logits = model(ids)
     with loss_parallel():
         loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        if on_loss:
+            on_loss()
         loss.backward()
     grads = {n: _local(_like(p.grad, p)).detach().clone() for n, p in model.named_parameters()}
     with torch.no_grad():
@@ -109,30 +118,80 @@ def placements(model: TinyLM) -> dict[str, str]:
             model.named_parameters()}
 
 
-def _worst(mine: dict[str, torch.Tensor], other: dict[str, torch.Tensor], cuts: dict,
-           local: bool) -> float:
-    take = (lambda cut, t: cut.own(t)) if local else (lambda cut, t: cut.take(t))
-    return max((cut.own(mine[name]).double() - take(cut, other[name]).double()).abs().max().item()
-               for name, cut in cuts.items())
+def _gap(mine: torch.Tensor, other: torch.Tensor, cut, local: bool) -> float:
+    theirs = cut.own(other) if local else cut.take(other)
+    return (cut.own(mine).double() - theirs.double()).abs().max().item()
 
 
 def step_diffs(model: TinyLM, rank: int, tp: int, mine: StepState, other: StepState, *,
                local: bool = False) -> dict[str, float]:
-    """This rank's max |difference| per quantity: from its slice of the one-process step
-    ``other``, or (``local``) from another rank-local step of the same split (PyTorch's)."""
+    """This rank's max |difference| of logits, loss and gradients: from its slice of the
+    one-process step ``other``, or (``local``) from another rank-local step of the same
+    split (PyTorch's)."""
     cuts = model_cuts(model, rank, tp)
     vocab = cuts["embed.weight"]
     theirs = other.logits[..., :vocab.length] if local else other.logits.narrow(
         -1, vocab.start, vocab.length)
     logits = mine.logits[..., :vocab.length].double() - theirs.double()
     return {"logits": logits.abs().max().item(), "loss": abs(mine.loss - other.loss),
-            "gradients": _worst(mine.grads, other.grads, cuts, local),
-            "weights": _worst(mine.weights, other.weights, cuts, local)}
+            "gradients": max(_gap(mine.grads[n], other.grads[n], cut, local)
+                             for n, cut in cuts.items())}
+
+
+def weight_diffs(model: TinyLM, rank: int, tp: int, mine: StepState, other: StepState, *,
+                 local: bool = False) -> dict[str, float]:
+    """This rank's max |difference| of each updated weight tensor, by name (as
+    :func:`step_diffs` compares)."""
+    return {n: _gap(mine.weights[n], other.weights[n], cut, local)
+            for n, cut in model_cuts(model, rank, tp).items()}
 
 
 def magnitudes(reference: StepState) -> dict[str, float]:
-    """The largest |value| of each quantity in the one-process step: the tolerances' scale."""
-    def top(tensors: dict[str, torch.Tensor]) -> float:
-        return max(t.abs().max().item() for t in tensors.values())
+    """The largest |value| of the logits, the loss and the gradients in the one-process
+    step: their tolerances' scale."""
     return {"logits": reference.logits.abs().max().item(), "loss": abs(reference.loss),
-            "gradients": top(reference.grads), "weights": top(reference.weights)}
+            "gradients": max(t.abs().max().item() for t in reference.grads.values())}
+
+
+def updates(before: torch.nn.Module, reference: StepState) -> dict[str, float]:
+    """The largest |change| of each weight tensor in the one-process step, by name."""
+    return {n: (reference.weights[n] - p.detach()).abs().max().item()
+            for n, p in before.named_parameters()}
+
+
+def _plain(t: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors inside ``t`` (a DTensor's local shard, a collective's pending
+    result), read without recording an autograd operation; ``[t]`` for a plain tensor."""
+    if not is_traceable_wrapper_subclass(t):
+        return [t]
+    names, _ = t.__tensor_flatten__()
+    inner = [getattr(t, name) for name in names]
+    return [p for x in inner if isinstance(x, torch.Tensor) for p in _plain(x)]
+
+
+class LocalSavedMeter(SavedTensorMeter):
+    """Lesson 01's saved-tensor meter for a model of DTensors too: a tensor subclass that
+    autograd saves is charged by the plain tensors inside it (a DTensor: its local shard,
+    the bytes this rank holds), and a shard of a parameter is not counted."""
+
+    def __init__(self, model: torch.nn.Module, parts: dict[str, torch.nn.Module]) -> None:
+        super().__init__(model, parts)
+        self._excluded = {p.untyped_storage()._cdata
+                          for t in (*model.parameters(), *model.buffers()) for p in _plain(t)}
+
+    def _pack(self, tensor: torch.Tensor) -> object:
+        pieces = _plain(tensor)
+        if len(pieces) == 1 and pieces[0] is tensor:
+            return super()._pack(tensor)
+        held = _Held(tensor)
+        for piece in pieces:
+            storage = piece.untyped_storage()
+            if storage._cdata in self._excluded or storage.nbytes() == 0:
+                continue
+            key, nbytes = (self._part_of(piece), storage.data_ptr()), storage.nbytes()
+            self._counts[key] += 1
+            if self._counts[key] == 1:
+                self.live[key[0]] += nbytes
+                self.peak[key[0]] = max(self.peak[key[0]], self.live[key[0]])
+            weakref.finalize(held, self._release, key, nbytes)
+        return held
