@@ -23,11 +23,11 @@ smallest_zero_stage_7b = 3
 
 # %% Exercise 06.3: reduce-scatter from point-to-point sends
 def my_reduce_scatter(full: torch.Tensor, rank: int, world_size: int, group) -> torch.Tensor:
-    """A ring, as NCCL and gloo run it: in N-1 steps each rank passes a running sum of one
-    chunk to its right neighbour and adds the chunk it gets from its left one; after the
-    last step chunk r of rank r holds the sum of every rank's chunk r. Each rank sends
-    (N-1)/N of the tensor. (dist.all_reduce on a copy, then keeping chunk r, also works,
-    but an all-reduce sends 2(N-1)/N: twice as much.)"""
+    """A ring, as NCCL runs it: in N-1 steps each rank passes a running sum of one chunk to
+    its right neighbour and adds the chunk it gets from its left one; after the last step
+    chunk r of rank r holds the sum of every rank's chunk r. Each rank sends (N-1)/N of the
+    tensor. (dist.all_reduce on a copy, then keeping chunk r, also works, and is how gloo
+    runs its own reduce-scatter, but an all-reduce sends 2(N-1)/N: twice as much.)"""
     chunks = list(full.clone().chunk(world_size))  # the caller's tensor stays as it was
     right, left = (rank + 1) % world_size, (rank - 1) % world_size
     for step in range(world_size - 1):

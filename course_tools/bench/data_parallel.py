@@ -17,7 +17,7 @@ from helpers.models.llama import lm_config
 from helpers.profiles import PROFILES
 from helpers.runs.contract import launch
 from helpers.runs.data_parallel.config import DataParallelConfig
-from helpers.runs.data_parallel.results import ALL_REDUCES_PER_STEP, DataParallelResult
+from helpers.runs.data_parallel.results import DataParallelResult
 
 FULL = PROFILES["full"]
 CPU_MODEL = {"hidden": 512, "blocks": 4}  # the middle size, on the CPU
@@ -35,18 +35,20 @@ def bench_config(cuda: bool | None = None) -> DataParallelConfig:
 
 
 def collective_figures(result: DataParallelResult) -> dict:
-    """Per collective: the alpha-beta fit, its residuals, and every timed call per size."""
+    """Per collective: the alpha-beta fit against what rank 0 sent (and against the ring
+    formula), its residuals, and every size's bytes three ways and timed calls."""
+    ring = result.fits("ring")
     out = {}
     for name, fit in result.fits().items():
         out[name] = {
             "alpha_s": fit.alpha_s,
             "beta_s_per_byte": fit.beta_s_per_byte,
             "bandwidth_gb_s": fit.bandwidth / 1e9 if fit.beta_s_per_byte > 0 else None,
+            "ring_beta_s_per_byte": ring[name].beta_s_per_byte,
             "relative_residuals": fit.relative_residuals,
             "sent_bytes": fit.sent_bytes,
             "median_s": fit.times_s,
-            "raw": [{"bytes": b, "sent_bytes": s, "times_s": t}
-                    for b, s, t in result.timings[name]],
+            "raw": [row.to_dict() for row in result.sweep if row.collective == name],
         }
     return out
 
@@ -60,15 +62,20 @@ def ledger_figures(result: DataParallelResult) -> dict:
 
 
 def bytes_figures(result: DataParallelResult) -> dict:
-    """Bytes rank 0 sent per technique and collective, in all-reduces, against the formula."""
-    one = result.all_reduce_bytes
+    """What rank 0 sent per technique in one step: by the ring formula, by gloo's
+    algorithms, on the wire, each over DDP's; and the verdict (calls as planned, wire in
+    bounds)."""
+    ddp = result.runs["DDP"].traffic
+    checks = {c.run: c for c in result.traffic_checks()}
     out = {}
     for name, run in result.runs.items():
-        ratio = run.total_sent / one
-        out[name] = {**{c: float(b) for c, b in run.sent.items()}, "calls": dict(run.calls),
-                     "total": run.total_sent, "x_all_reduce": ratio,
-                     "formula_x_all_reduce": ALL_REDUCES_PER_STEP[name],
-                     "matches_formula": abs(run.total_sent - result.formula_bytes(name)) < 1e-3 * one}
+        t = run.traffic
+        out[name] = {"calls": dict(t.calls()), "ring": t.total_ring, "gloo": t.total_gloo,
+                     "wire": t.wire, "ring_x_ddp": t.total_ring / ddp.total_ring,
+                     "gloo_x_ddp": t.total_gloo / ddp.total_gloo,
+                     "wire_x_ddp": t.wire / ddp.wire if t.wire and ddp.wire else None,
+                     "calls_as_planned": checks[name].calls_as_planned,
+                     "wire_ok": checks[name].wire_ok}
     return out
 
 
@@ -99,7 +106,8 @@ def data_parallel_section(config: DataParallelConfig | None = None) -> dict:
         "launch_s": seconds,
         "proofs_ok": result.ok,
         "ledgers_match": ledgers["match"],
-        "bytes_match_formula": all(row["matches_formula"] for row in sent.values()),
+        "traffic_ok": result.traffic_ok,
+        "wire_reason": result.wire_reason,
         "collectives": collective_figures(result),
         "ledgers": ledgers,
         "bytes": sent,

@@ -1,8 +1,9 @@
 """Step 8 of ``make gpu-check``: lesson 06's data parallelism (DDP, ZeRO-1/2/3, FSDP2).
 
 The lesson's worker on one GPU per rank (NCCL, at most 2 ranks) at the full profile's
-sizes: its proofs, the bytes each technique sends, the ledgers measured beside predicted,
-and the alpha-beta fit of each collective. ``--smoke``: two gloo ranks on the CPU at the
+sizes: its proofs, the collectives each technique issues (the bytes by the ring formula
+and by gloo's algorithms; with NCCL the sockets carry none of them, so no wire count), the
+ledgers measured beside predicted, and the alpha-beta fit of each collective. ``--smoke``: two gloo ranks on the CPU at the
 smoke profile's sizes.
 
 The ranks run the lesson's worker through this module's :func:`main`, which only guards
@@ -23,6 +24,7 @@ import torch
 from course_tools.gpu_check.context import Context
 from helpers.runs.contract import Record, launch, serve
 from helpers.runs.data_parallel.config import DataParallelConfig
+from helpers.runs.data_parallel.report import bytes_table
 from helpers.runs.data_parallel.results import DataParallelResult
 from helpers.torchrun.ranks import Rank
 
@@ -121,12 +123,18 @@ def proof_figures(result: DataParallelResult) -> dict:
 
 
 def bytes_figures(result: DataParallelResult) -> dict:
-    """Bytes rank 0 sent per technique and collective, and the total over one all-reduce."""
+    """What rank 0 sent per technique in one step: ``total`` by the ring formula (NCCL's
+    ring), by gloo's algorithms, on the wire (None with NCCL: ``wire_reason``), the ring
+    total over one all-reduce of the weights, and the verdict on the calls and the wire."""
     s, one = result.weight_bytes, result.all_reduce_bytes
-    rows = {name: {**{c: float(b) for c, b in run.sent.items()}, "total": run.total_sent,
-                   "x_all_reduce": run.total_sent / one if one else None}
+    checks = {c.run: c for c in result.traffic_checks()}
+    rows = {name: {"calls": dict(run.traffic.calls()), "total": run.traffic.total_ring,
+                   "gloo": run.traffic.total_gloo, "wire": run.traffic.wire,
+                   "x_all_reduce": run.traffic.total_ring / one if one else None,
+                   "calls_as_planned": checks[name].calls_as_planned,
+                   "wire_ok": checks[name].wire_ok}
             for name, run in result.runs.items()}
-    return {"weight_bytes": s, "per_technique": rows}
+    return {"weight_bytes": s, "wire_reason": result.wire_reason, "per_technique": rows}
 
 
 def ledger_figures(result: DataParallelResult) -> dict:
@@ -140,7 +148,9 @@ def ledger_figures(result: DataParallelResult) -> dict:
 
 
 def fit_figures(result: DataParallelResult) -> dict:
-    """Each collective's t = alpha + beta x bytes sent (no slope when nothing is sent)."""
+    """Each collective's t = alpha + beta x bytes rank 0 sent, on the wire where it was
+    read, else by gloo's algorithms (with NCCL they equal the ring formula's for
+    all-reduce and all-gather); no slope when nothing is sent."""
     out = {}
     for name, fit in result.fits().items():
         sends = fit.beta_s_per_byte > 0
@@ -171,18 +181,23 @@ def record(result: DataParallelResult, outcome: str, fig: dict) -> None:
     fig["fsdp_tracker"] = tracker_figures(result, outcome)
     t = result.timeline
     fig["ddp_overlap"] = {"buckets": len(t.buckets), "comm_s": t.comm_s,
-                          "overlapped_s": t.overlapped_s, "exposed_s": t.exposed_s}
+                          "overlapped_s": t.overlapped_s, "exposed_s": t.exposed_s,
+                          "compute_with_comm_s": result.overlap_cost.with_comm_s,
+                          "compute_without_comm_s": result.overlap_cost.without_comm_s}
 
 
 def judge(result: DataParallelResult, fig: dict) -> None:
     """On gloo (float32 on the CPU, as the reference) the proofs must hold, and at 2 ranks
-    the ledgers must match; NCCL's runs on GPUs are recorded, not judged."""
+    the ledgers and the bytes sent must match their predictions; NCCL's runs on GPUs are
+    recorded, not judged."""
     if result.backend != "gloo":
         return
     failing = [name for name, ok in fig["proofs"]["runs_ok"].items() if not ok]
     problems = [] if result.ok else [f"proofs: {', '.join(failing) or 'collectives, no_sync'}"]
     if result.world_size > 1 and not fig["ledgers"]["match"]:
         problems.append(f"ledgers differ: {fig['ledgers']['differences']}")
+    if result.world_size > 1 and not result.traffic_ok:
+        problems.append("bytes sent: calls not as planned or wire out of bounds")
     if problems:
         raise AssertionError("; ".join(problems))
 
@@ -198,8 +213,8 @@ def step_data_parallel(ctx: Context, fig: dict) -> None:
     print(f"world size {result.world_size} ({result.backend}); proofs "
           f"{'ok' if result.ok else 'NOT ok'}; ledgers match: {fig['ledgers']['match']}; "
           f"FSDPMemTracker: {outcome}")
-    if result.world_size > 1:  # the table's ratio divides by what one all-reduce sends: 0 at 1
-        print(result.bytes_table())
+    if result.world_size > 1:  # the table's ratio divides by DDP's bytes: 0 at 1
+        print(bytes_table(result))
     judge(result, fig)
 
 

@@ -5,7 +5,8 @@
 it. Before the module's forward its parameters are all-gathered (one collective for all
 of them), and after it they are freed again if ``reshard_after_forward`` (ZeRO-3);
 otherwise they stay gathered until the backward has used them (fewer bytes sent, more
-held). After the backward, the gradients are reduce-scattered. ``MixedPrecisionPolicy``
+held). After the backward, the gradients are reduce-scattered (on gloo, as an all-reduce
+of a copy and a slice). ``MixedPrecisionPolicy``
 all-gathers the weights in ``param_dtype`` and reduces the gradients in ``reduce_dtype``,
 while the sharded float32 weights stay what the optimizer updates.
 """
@@ -45,10 +46,11 @@ def shard(model: nn.Module, mesh, *, reshard_after_forward: bool = True,
 
 
 def fsdp_step(sharded: nn.Module, x: torch.Tensor, y: torch.Tensor, *, lr: float,
-              world_size: int) -> dict:
-    """One Adam step of a sharded model: output, bytes sent, the whole updated weights."""
+              world_size: int, meter: CommMeter | None = None) -> dict:
+    """One Adam step of a sharded model: output, what its forward and backward sent (under
+    ``meter``), the whole gradients and updated weights."""
     opt = adam(sharded.parameters(), lr)
-    counter = CommMeter()
+    counter = meter or CommMeter()
     with counter:
         out = sharded(x)
         default_loss(out.float(), y).backward()

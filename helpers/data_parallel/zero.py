@@ -6,12 +6,19 @@ arXiv:1910.02054) keeps on rank r only slice r of what it can:
 
 - stage 1 shards the optimizer state. The gradient is reduce-scattered (rank r receives
   slice r of the sum), rank r updates slice r of every weight, and an all-gather brings
-  the updated slices to every rank. Reduce-scatter + all-gather = one all-reduce's bytes.
+  the updated slices to every rank. Reduce-scatter + all-gather = one all-reduce's bytes
+  in a ring (NCCL); gloo runs the reduce-scatter as a whole all-reduce, so 1.5 there.
 - stage 2 also shards the gradient: each unit's gradient is reduce-scattered as soon as
   the unit's backward has produced it, and the full gradient is freed.
 - stage 3 also shards the weights: a unit's weights are all-gathered just before its
   forward, freed after it, all-gathered again before its backward and freed after it.
-  Two all-gathers + one reduce-scatter: 1.5 all-reduces' bytes.
+  Two all-gathers + one reduce-scatter: 1.5 all-reduces' bytes in a ring (on gloo, whose
+  reduce-scatter is an all-reduce, 2).
+
+Stage 3 can also gather the weights in a 16-bit ``param_dtype`` (mixed precision, as
+FSDP2's ``MixedPrecisionPolicy``): the float32 slices stay what Adam updates, each is cast
+before the all-gather, the unit computes in 16 bits, and its gradients are cast back to
+float32 before the reduce-scatter.
 
 A *unit* is what is gathered or reduced at once (here: the embedding, each block, the
 final norm with the head), as FSDP2 does for each module given to ``fully_shard``. Every
@@ -68,12 +75,16 @@ class HandZero:
 
     ``units`` name the groups of modules gathered or reduced at once, in forward order.
     ``peak`` holds the largest weights, grads and optimizer-state bytes seen on this rank,
-    sampled after every allocation the stage makes.
+    sampled after every allocation the stage makes. ``param_dtype`` (stage 3 only): the
+    dtype the weights are gathered and computed in.
     """
 
     def __init__(self, model: nn.Module, units: dict[str, list[nn.Module]], stage: int,
-                 *, lr: float, group=None) -> None:
+                 *, lr: float, group=None, param_dtype: torch.dtype | None = None) -> None:
         self.stage = validate_stage(stage)
+        if param_dtype is not None and self.stage != 3:
+            raise ValueError(f"param_dtype={param_dtype} with stage {stage}; valid: stage 3 "
+                             "(stages 1-2 keep the float32 weights whole)")
         self.group = group
         if group is None:
             self.rank, self.n = dist.get_rank(), dist.get_world_size()
@@ -93,6 +104,8 @@ class HandZero:
             # full weight's storage is freed until a unit needs it
             self.shard[p] = nn.Parameter(mine.clone() if self.stage == 3 else mine)
             if self.stage == 3:
+                if param_dtype is not None:
+                    p.data = p.data.to(param_dtype)  # the gathered copy's dtype
                 _free(p)
         self.optimizer = adam(self.shard.values(), lr)
         self.peak = {"weights": 0, "grads": 0, "optimizer_state": 0}
@@ -118,7 +131,7 @@ class HandZero:
         """Stage 3: all-gather a unit's full weights into their (re-allocated) storage."""
         for p in self.params[unit]:
             p.untyped_storage().resize_(p.numel() * p.element_size())
-            all_gather(p.data.view(-1), self.shard[p].data, group=self.group)
+            all_gather(p.data.view(-1), self.shard[p].data.to(p.dtype), group=self.group)
         self.sample()
 
     def release(self, unit: str) -> None:
@@ -132,7 +145,7 @@ class HandZero:
             out = self.shard[p].grad
             if out is None or self.stage == 1:
                 out = torch.empty_like(self.shard[p])
-            reduce_scatter(out, p.grad.view(-1), group=self.group)
+            reduce_scatter(out, p.grad.view(-1).to(out.dtype), group=self.group)
             out.div_(self.n)
             if self.stage == 1:  # keep the full gradient; slice r now holds the mean
                 _slice(p.grad, self.rank, self.n).copy_(out)
@@ -196,7 +209,7 @@ class HandZero:
         """Every updated weight, whole (gathered for stage 3), by name: for the proofs."""
         out = []
         for name, p in self.model.named_parameters():
-            whole = torch.empty(p.numel(), dtype=p.dtype, device=p.device)
+            whole = torch.empty(p.numel(), dtype=self.shard[p].dtype, device=p.device)
             all_gather(whole, self.shard[p].detach().clone(), group=self.group)
             out.append((name, whole.view(p.shape)))
         return out

@@ -159,5 +159,6 @@ def check_my_reduce_scatter(my_reduce_scatter: Callable) -> str:
             _check_untouched(result, rank, world_size, inputs[rank])
     cases = " and ".join(str(n) for n, _ in RS_CASES)
     return (f"Every rank's chunk equals dist.reduce_scatter_single's, on {cases} real gloo "
-            "ranks, and the inputs are untouched. A ring sends (N-1)/N of the tensor per "
-            "rank; an all-reduce followed by slicing sends twice that.")
+            "ranks, and the inputs are untouched. A ring (NCCL's) sends (N-1)/N of the tensor "
+            "per rank; an all-reduce followed by slicing, which is how gloo runs its own "
+            "reduce-scatter, sends twice that.")

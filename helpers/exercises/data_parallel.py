@@ -128,8 +128,9 @@ def check_smallest_zero_stage_7b(smallest_zero_stage_7b: int) -> str:
                     f"per GPU, as the estimator counts it: {stage_table()}")
     if got > want:
         raise Wrong(f"ZeRO-{got} fits ({format_bytes(zero_stage_total(got))} per GPU), but a "
-                    "smaller stage fits too: prefer it, as ZeRO-3 sends 1.5 times DDP's bytes "
-                    "(ZeRO-1 and 2 as many as DDP) and every stage adds bookkeeping",
+                    "smaller stage fits too: prefer it, as in a ring (NCCL) ZeRO-3 sends 1.5 "
+                    "times DDP's bytes (ZeRO-1 and 2 as many as DDP) and every stage adds "
+                    "bookkeeping",
                     f"per GPU, as the estimator counts it: {stage_table()}")
     return f"ZeRO-{want} is the smallest stage that fits: {stage_table()}.{_why(want)}"
 
@@ -141,4 +142,4 @@ def _why(stage: int) -> str:
     weights = format_bytes(WEIGHT_BYTES * LLAMA_7B_SHAPE.parameters())
     return (f" Under ZeRO-2 every card still holds all the 16-bit weights, {weights}; ZeRO-3 "
             f"keeps 1/{DP} of them and gathers each layer's only while it runs, for 1.5 times "
-            "DDP's traffic.")
+            "DDP's traffic in a ring (NCCL).")

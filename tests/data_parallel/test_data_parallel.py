@@ -22,11 +22,22 @@ from helpers.comm.collectives import (
     run_collective,
 )
 from helpers.comm.meter import CommMeter
-from helpers.data_parallel.zero import check_divisible, validate_stage
+from helpers.data_parallel.fsdp import fsdp_units
+from helpers.data_parallel.zero import HandZero, check_divisible, validate_stage
 from helpers.models.llama import build_lm, lm_config
 from helpers.runs.contract import launch
 from helpers.runs.data_parallel.config import DataParallelConfig
+from helpers.runs.data_parallel.measured import BucketSpan
 from helpers.runs.data_parallel.results import ZERO_STAGE, DataParallelResult
+from helpers.runs.data_parallel.sweep import collective_call
+from helpers.runs.data_parallel.traffic import (
+    HEADER_ALLOWANCE,
+    CallLog,
+    Traffic,
+    check_traffic,
+    header_allowance,
+    planned,
+)
 from helpers.torchrun.in_notebook import registered, run_ranks
 
 TINY = lm_config(vocab=64, hidden=16, blocks=2)  # a block (4,128 weights) outweighs the head
@@ -144,6 +155,81 @@ def test_group_of_threads_is_real():
     assert _ok(run_ranks(2, work)) == [3.0, 3.0]
 
 
+UNITS = {"embed": [400], "blocks.0": [100, 300], "norm+head": [16, 400]}  # float32 bytes
+
+
+def test_the_plans_follow_each_technique_from_the_shapes():
+    assert planned("DDP", UNITS) == [("all_reduce", 1216)]
+    zero1 = Counter(planned("ZeRO-1", UNITS))
+    assert zero1 == Counter({("reduce_scatter", 400): 2, ("all_gather", 400): 2,
+                             ("reduce_scatter", 100): 1, ("all_gather", 100): 1,
+                             ("reduce_scatter", 300): 1, ("all_gather", 300): 1,
+                             ("reduce_scatter", 16): 1, ("all_gather", 16): 1})
+    zero3 = Counter(planned("ZeRO-3 bf16", UNITS))  # gathered twice, in 16 bits
+    assert zero3[("all_gather", 200)] == 4 and zero3[("reduce_scatter", 400)] == 2
+    fsdp = Counter(planned("FSDP2 no reshard", UNITS))
+    assert fsdp == Counter({("all_gather", 400): 2, ("all_gather", 416): 1,
+                            ("reduce_scatter", 400): 2, ("reduce_scatter", 416): 1})
+    with pytest.raises(ValueError, match="no plan for run 'ZeRO-4'; valid: DDP"):
+        planned("ZeRO-4", UNITS)
+
+
+def test_the_bytes_verdict_fails_on_a_wrong_call_and_on_a_wire_out_of_bounds():
+    plan = planned("ZeRO-1", UNITS)
+    gloo = 1216 + 1216 / 2  # 2 ranks: every reduce-scatter an all-reduce, all-gathers half
+    allowance = sum(header_allowance(s) for _, s in plan)
+    assert allowance >= len(plan) * HEADER_ALLOWANCE
+
+    def check(issued, wire):
+        return check_traffic("ZeRO-1", Traffic(issued, {}, {}, wire), plan, 2)
+
+    assert check(plan[::-1], int(gloo) + 100).ok  # any order
+    assert check(plan, None).ok and check(plan, None).wire_ok is None
+    assert not check([*plan, ("all_gather", 16)], int(gloo)).calls_as_planned
+    assert not check([("all_reduce", s) if c == "reduce_scatter" else (c, s) for c, s in plan],
+                     int(gloo)).ok
+    assert not check(plan, int(gloo) - 1).ok  # less than gloo's payload: not gloo's algorithm
+    assert not check(plan, int(gloo + allowance) + 1).ok
+    assert "FAILED" in check(plan, 0).line()
+
+
+def test_a_bucket_closes_when_it_reaches_or_passes_the_cap():
+    def bucket(sizes):
+        return BucketSpan(0, sum(sizes), ["p"] * len(sizes), sizes, 0, 1)
+
+    assert bucket([100]).closes_at(100) and bucket([60, 50]).closes_at(100)
+    assert not bucket([60, 30]).closes_at(100)  # below the cap: not closed (a last bucket)
+    assert not bucket([60, 50, 10]).closes_at(100)  # closed one parameter too late
+
+
+def test_the_call_log_lists_each_collective_with_its_full_size_and_the_timed_calls_work():
+    def work(rank, group):
+        with registered(group):
+            log = CallLog()
+            with log:
+                for name in COLLECTIVES:
+                    collective_call(name, 2, 64, torch.device("cpu"), group)()
+            return log.issued
+
+    for issued in _ok(run_ranks(2, work)):
+        assert issued == [(name, 64) for name in COLLECTIVES]
+
+
+def test_a_hand_zero_gathers_in_16_bits_only_at_stage_3():
+    model = build_lm(TINY)
+    with pytest.raises(ValueError, match="param_dtype=torch.bfloat16 with stage 2; valid: stage 3"):
+        HandZero(model, fsdp_units(model), 2, lr=1e-3, group=_OneRank(),
+                 param_dtype=torch.bfloat16)
+
+
+class _OneRank:
+    def rank(self) -> int:
+        return 0
+
+    def size(self) -> int:
+        return 1
+
+
 @pytest.mark.torchrun
 def test_every_technique_on_two_processes_equals_one_process_and_its_prediction():
     """The lesson's launch at a tiny size: every proof, every ledger, every byte count.
@@ -159,13 +245,25 @@ def test_every_technique_on_two_processes_equals_one_process_and_its_prediction(
     assert result.ok, result.proof_lines()
     measured, predicted = result.measured_ledgers(), result.predicted_ledgers()
     assert list(measured.rows) == list(ZERO_STAGE) and measured.matches(predicted)
+    checks = result.traffic_checks()
+    assert [c.run for c in checks] == list(result.runs) and result.traffic_ok, checks
     one = ring_bytes("all_reduce", 2, result.weight_bytes)
-    factors = {"DDP": 1, "ZeRO-1": 1, "ZeRO-2": 1, "ZeRO-3": 1.5, "FSDP2": 1.5,
-               "FSDP2 no reshard": 1}
-    for name, factor in factors.items():
-        assert result.runs[name].total_sent == factor * one, name
-    assert result.runs["FSDP2 bf16"].sent["all_gather"] == one / 2  # 16-bit, gathered twice
+    # by the ring formula, in all-reduces of the weights; by gloo's algorithms, whose
+    # reduce-scatter is an all-reduce
+    factors = {"DDP": (1, 1), "ZeRO-1": (1, 1.5), "ZeRO-2": (1, 1.5), "ZeRO-3": (1.5, 2),
+               "ZeRO-3 bf16": (1, 1.5), "FSDP2": (1.5, 2), "FSDP2 no reshard": (1, 1.5),
+               "FSDP2 bf16": (1, 1.5)}
+    for name, (ring, gloo) in factors.items():
+        traffic = result.runs[name].traffic
+        assert (traffic.total_ring, traffic.total_gloo) == (ring * one, gloo * one), name
+        if result.wire_reason is None:
+            assert traffic.total_gloo <= traffic.wire, name
+    fits = result.fits("sent"), result.fits("ring")
+    if result.wire_reason is None:  # the wire is a reduce-scatter's ring bytes x 2 + headers
+        assert fits[1]["reduce_scatter"].beta_s_per_byte == pytest.approx(
+            2 * fits[0]["reduce_scatter"].beta_s_per_byte)
     assert result.no_sync_all_reduces == [0, 1] and result.first_step_buckets == 1
+    assert result.gloo_threads == 2  # a default gloo group's worker threads
     fsdp = result.runs["FSDP2"].tracker
     assert fsdp.sharded_params == result.weight_bytes // 2
     # stage 2's gradients and stage 3's weights: half, plus one whole unit (a block here)

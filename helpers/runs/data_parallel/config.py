@@ -15,7 +15,7 @@ from helpers.profiles import Profile
 from helpers.runs.contract import RunConfig
 
 DEVICES = ("auto", "cpu", "cuda")
-RANKS = 2  # the lesson's data-parallel ranks: one process each, one core each
+RANKS = 2  # the lesson's data-parallel ranks: one process each
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,8 @@ class DataParallelConfig(RunConfig):
     lr: float = option(1e-3, "Adam's learning rate in every run")
     device: Literal["auto", "cpu", "cuda"] = option(
         "auto", "cpu (gloo), cuda (NCCL, one GPU per rank), or auto")
-    steps: int = option(3, "timed DDP steps after the first (the overlap is read off the last)")
+    steps: int = option(5, "timed DDP steps after the first, alternating with as many of a DDP "
+                        "whose hook skips the all-reduces (the timeline is read off the last)")
 
     @classmethod
     def for_profile(cls, profile: Profile, **changes: object) -> DataParallelConfig:

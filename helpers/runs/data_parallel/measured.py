@@ -1,10 +1,11 @@
-"""The typed pieces of lesson 06's result: DDP's timeline, FSDP2's tracked memory, a
-sharded parameter."""
+"""The typed pieces of lesson 06's result: DDP's timeline and the cost of its overlap,
+FSDP2's tracked memory, a sharded parameter."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from helpers.core.timing import Timing
 from helpers.runs.contract import Record
 
 
@@ -56,8 +57,15 @@ class BucketSpan(Record):
     index: int
     nbytes: int
     params: list[str]
+    param_bytes: list[int]  # each parameter's bytes, in the bucket's order
     start_ns: int
     end_ns: int
+
+    def closes_at(self, cap: int) -> bool:
+        """DDP's rule (``compute_bucket_assignment_by_size`` in reducer.cpp): a bucket is
+        closed by the parameter that brings it to ``cap`` bytes or past it, so without
+        its last parameter it is below the cap, and with it at or above."""
+        return sum(self.param_bytes[:-1]) < cap <= self.nbytes
 
 
 @dataclass(frozen=True)
@@ -84,3 +92,23 @@ class Timeline(Record):
     def exposed_s(self) -> float:
         """What the backward waited for communication after its last gradient."""
         return (self.backward_end_ns - self.compute_end_ns) / 1e9
+
+
+@dataclass(frozen=True)
+class OverlapCost(Record):
+    """DDP's backward computing time (its start to the last gradient, seconds per timed
+    step) with its all-reduces running beside it, and with a hook that skips them."""
+
+    with_comm_s: list[float]
+    without_comm_s: list[float]
+
+    def timings(self) -> tuple[Timing, Timing]:
+        """(with the all-reduces, without), as timings."""
+        return (Timing("backward compute, all-reduces beside it", self.with_comm_s),
+                Timing("backward compute, all-reduces skipped", self.without_comm_s))
+
+    @property
+    def slowdown(self) -> float:
+        """Median with the all-reduces over median without them."""
+        with_comm, without = self.timings()
+        return with_comm.median / without.median

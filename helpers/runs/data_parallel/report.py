@@ -1,5 +1,6 @@
-"""Lesson 06's figures: the collectives' times with their fitted lines, and DDP's backward
-with each bucket's all-reduce on one time axis."""
+"""Lesson 06's figures and tables: the collectives' times with their fitted lines, the
+bytes a rank sent three ways (ring formula, gloo's algorithms, the wire), and DDP's
+backward with each bucket's all-reduce on one time axis."""
 
 from __future__ import annotations
 
@@ -7,12 +8,109 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
+from helpers.comm.collectives import COLLECTIVES
 from helpers.core.plotting import save_figure
 from helpers.runs.data_parallel.results import DataParallelResult
+from helpers.runs.data_parallel.traffic import (
+    HEADER_ALLOWANCE,
+    HEADER_BYTES,
+    HEADERS_PER_CALL,
+    HEADERS_PER_MIB,
+)
+
+ALLOWANCE = (f"{HEADER_ALLOWANCE} B + {HEADERS_PER_MIB * HEADER_BYTES} B/MiB of its tensor "
+             f"({HEADERS_PER_CALL} + {HEADERS_PER_MIB}/MiB headers of {HEADER_BYTES} B, chosen)")
+THREE_WAYS = ("ring formula", "gloo's algorithms", "on the wire")
+
+
+def _under(result: DataParallelResult) -> tuple[str, str, str]:
+    """What each of the three ways is: NCCL's ring, gloo (this run's backend?), measured."""
+    return ("(NCCL's ring)", "(this backend)" if result.backend == "gloo" else "(not this one)",
+            "(measured)")
+
+
+def _headers(values: set[int]) -> str:
+    low, high = min(values), max(values)
+    return f"{low:,}" if low == high else f"{low:,} to {high:,}"
+
+
+def sweep_table(result: DataParallelResult) -> str:
+    """Per collective, the bytes one call sent three ways at the largest size (rank 0),
+    then the wire's excess over gloo's payload at every size, per rank, and its verdict."""
+    largest = max(row.nbytes for row in result.sweep)
+    rows = {row.collective: row for row in result.sweep if row.nbytes == largest}
+    lines = [f"{'bytes one call sends, rank 0':<30}" + "".join(f"{h:>20}" for h in THREE_WAYS),
+             f"{f'full tensor S = {largest:,} B':<30}" + "".join(f"{h:>20}" for h in _under(result))]
+    for name in COLLECTIVES:
+        row = rows[name]
+        wire = f"{row.wire[0]:,}" if row.wire is not None else "not read"
+        lines.append(f"{name:<30}{row.ring:>20,.0f}{row.gloo[0]:>20,.0f}{wire:>20}")
+    if result.wire_reason is not None:
+        return "\n".join([*lines, f"the wire was not read: {result.wire_reason}"])
+    sizes = len({row.nbytes for row in result.sweep})
+    ranks = " / ".join(f"rank {q}" for q in range(result.world_size))
+    lines.append(f"wire - gloo (bytes), {ranks}, over the {sizes} sizes:")
+    for name in COLLECTIVES:
+        mine = [row.headers for row in result.sweep if row.collective == name]
+        per_rank = [_headers({h[q] for h in mine}) for q in range(result.world_size)]
+        lines.append(f"  {name:<16}" + " / ".join(per_rank))
+    ok = all(row.wire_ok for row in result.sweep)
+    lines.append(f"every call's wire within gloo's payload + [0, {ALLOWANCE}]: "
+                 f"{'OK' if ok else 'FAILED'}")
+    return "\n".join(lines)
+
+
+def fit_ratios(result: DataParallelResult) -> str:
+    """Per collective, the bandwidth 1/beta fitted against the ring formula over the one
+    fitted against what was sent: how far the ring formula mis-states the link."""
+    sent, ring = result.fits("sent"), result.fits("ring")
+    against = ("the wire" if result.wire_reason is None else
+               "gloo's algorithms" if result.backend == "gloo" else "the ring formula (NCCL's)")
+    lines = [f"1/beta fitted against the ring formula / 1/beta fitted against {against}:"]
+    for name in COLLECTIVES:
+        # the fits weight each size by 1/t alone, so bytes that are a multiple of the
+        # others plus a constant give a slope in the same ratio
+        lines.append(f"  {name:<16}{sent[name].beta_s_per_byte / ring[name].beta_s_per_byte:.2f}")
+    return "\n".join(lines)
+
+
+def bytes_table(result: DataParallelResult) -> str:
+    """Per run, what rank 0 sent in one step three ways, and each against DDP's."""
+    measured, gloo = result.wire_reason is None, result.backend == "gloo"
+    key = "on the wire" if measured else "gloo's algorithms" if gloo else "the ring formula"
+    head = (f"{'rank 0, one step':<18}{'calls':>6}" + "".join(f"{h:>19}" for h in THREE_WAYS)
+            + f"{'wire - gloo':>13}{'x DDP':>7}")
+    lines = [head, f"{'':<24}" + "".join(f"{h:>19}" for h in _under(result)) + f"{'':>13}"
+             + f"{'(' + key.split()[-1] + ')':>7}"]
+
+    def total(run) -> float:
+        if measured:
+            return float(run.traffic.wire)
+        return run.traffic.total_gloo if gloo else run.traffic.total_ring
+
+    ddp = total(result.runs["DDP"])
+    for name, run in result.runs.items():
+        t = run.traffic
+        wire = f"{t.wire:,}" if t.wire is not None else "not read"
+        excess = f"{t.wire - t.total_gloo:,.0f}" if t.wire is not None else "-"
+        ratio = f"{total(run) / ddp:.2f}" if ddp else "-"
+        lines.append(f"{name:<18}{len(t.issued):>6}{t.total_ring:>19,.0f}{t.total_gloo:>19,.0f}"
+                     f"{wire:>19}{excess:>13}{ratio:>7}")
+    if not measured:
+        lines.append(f"({key} in the last column; the wire was not read: {result.wire_reason})")
+    return "\n".join(lines)
+
+
+def traffic_lines(result: DataParallelResult) -> str:
+    """Each run's bytes verdict, one line each, under the allowance it uses."""
+    return "\n".join([f"calls: issued, with their sizes, against the plan from the model's "
+                      f"shapes\nwire: gloo's payload + [0, {ALLOWANCE}] per call",
+                      *(check.line() for check in result.traffic_checks())])
 
 
 def plot_collectives(result: DataParallelResult, path: str | Path) -> Path:
-    """Median time per call against bytes sent per rank (log-log), each with its fit."""
+    """Median time per call against the bytes rank 0 sent per call (log-log), each with its
+    fit: on the wire where it was read, else by gloo's algorithms."""
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for (name, fit), marker in zip(result.fits().items(), "osd^", strict=True):
         sent = [b for b in fit.sent_bytes if b > 0]
@@ -23,7 +121,8 @@ def plot_collectives(result: DataParallelResult, path: str | Path) -> Path:
                 f"{fit.bandwidth / 1e9:.2f} GB/s")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("bytes sent by one rank per call (ring volume)")
+    what = "on the wire" if result.wire_reason is None else "by gloo's algorithms"
+    ax.set_xlabel(f"bytes rank 0 sent per call ({what})")
     ax.set_ylabel("time per call (ms, median)")
     ax.set_title(f"Collectives on {result.world_size} {result.backend} ranks")
     ax.grid(True, which="both", alpha=0.3)

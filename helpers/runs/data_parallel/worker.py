@@ -1,10 +1,12 @@
 """One rank of lesson 06: ``torchrun -m helpers.runs.data_parallel.worker --model-vocab ...``.
 
-Every rank, in one launch: checks and times the four collectives; runs one Adam step of
-lesson 05's small Llama under DDP, the hand-written ZeRO stages 1-3 and FSDP2, each from
-the same weights on its share of the same batch; proves each against one process on the
-whole batch (which every rank computes for itself); measures what it holds and counts what
-it sends. Rank 0's :class:`DataParallelResult` goes back to the launch.
+Every rank, in one launch: checks and times the four collectives (``sweep``); runs one
+Adam step of lesson 05's small Llama under DDP, the hand-written ZeRO stages 1-3 (stage 3
+also in bfloat16) and FSDP2, each from the same weights on its share of the same batch;
+proves each against one process on the whole batch (which every rank computes for
+itself); measures what it holds and what it sends (the calls and their sizes, and the
+bytes its sockets sent, read outside every timed window); times DDP's overlap in steps
+that nothing counts. Rank 0's :class:`DataParallelResult` goes back to the launch.
 """
 
 from __future__ import annotations
@@ -14,16 +16,8 @@ import copy
 import torch
 import torch.distributed as dist
 
-from helpers.comm.collectives import (
-    COLLECTIVES,
-    expected_result,
-    rank_input,
-    ring_bytes,
-    run_collective,
-)
-from helpers.comm.meter import CommMeter
+from helpers.comm.wire import wire_unavailable
 from helpers.core.checks import StepResult, max_abs_diff, training_step
-from helpers.core.timing import synchronized_clock
 from helpers.data_parallel.ddp import ddp_step, no_sync_step
 from helpers.data_parallel.fsdp import describe_parameter, fsdp_step, fsdp_units, shard
 from helpers.data_parallel.rank_step import adam, rows_of
@@ -37,6 +31,7 @@ from helpers.runs.contract import serve
 from helpers.runs.data_parallel.config import DataParallelConfig
 from helpers.runs.data_parallel.measured import (
     BucketSpan,
+    OverlapCost,
     ShardedParameter,
     Timeline,
     TrackedMemory,
@@ -45,12 +40,13 @@ from helpers.runs.data_parallel.results import (
     DataParallelResult,
     Run,
     bf16_proofs,
-    collective_check,
     fsdp_proofs,
     no_sync_proof,
     step_proofs,
     zero_proofs,
 )
+from helpers.runs.data_parallel.sweep import collectives_section
+from helpers.runs.data_parallel.traffic import NCCL_WIRE, CallLog, Traffic
 from helpers.torchrun.ranks import Rank, max_over_ranks
 
 Pairs = list[tuple[str, torch.Tensor]]
@@ -93,49 +89,20 @@ def max_relative_diff(pairs_a: Pairs, pairs_b: Pairs) -> float:
     return worst
 
 
-def _sent(counter: CommMeter) -> dict:
-    return {"sent": dict(counter.per_collective.ring),
-            "calls": dict(counter.per_collective.calls)}
-
-
 # -- the sections of the launch ---------------------------------------------------------
-def collectives_section(rank: Rank, config: DataParallelConfig) -> dict:
-    """What each collective computes (checked against a local computation), and its times:
-    after warm-up calls, ``repeats`` rounds of ``collective_repeats`` calls back to back (as
-    nccl-tests times them), each round's time divided by its calls."""
-    n, r, device = rank.world_size, rank.rank, rank.device
-    checks = []
-    for name in COLLECTIVES:
-        inputs = [rank_input(q, 4 * n) for q in range(n)]
-        got = run_collective(name, inputs[r].to(device), r, n)
-        wrong = (got.cpu() - expected_result(name, inputs, r)).abs().max().item()
-        checks.append(collective_check(name, max_over_ranks(wrong, rank)))
-    timings = {}
-    for name in COLLECTIVES:
-        rows = []
-        for nbytes in config.collective_sizes:
-            full = torch.ones(max(n, nbytes // 4), device=device)
-            for _ in range(config.warmup):
-                run_collective(name, full, r, n)
-            times = []  # per call, averaged over a round of back-to-back calls
-            for _ in range(config.repeats):
-                dist.barrier()
-                start = synchronized_clock()
-                for _ in range(config.collective_repeats):
-                    run_collective(name, full, r, n)
-                times.append((synchronized_clock() - start) / config.collective_repeats)
-            rows.append((full.numel() * 4, ring_bytes(name, n, full.numel() * 4), times))
-        timings[name] = rows
-    return {"collective_checks": checks, "timings": timings}
+def _span_s(step: dict, start: str, end: str) -> float:
+    return (step[end] - step[start]) / 1e9
 
 
 def ddp_section(rank: Rank, config: DataParallelConfig, model, ids, labels,
-                ref: StepResult) -> tuple[dict, dict]:
-    """DDP's proof, ledger, bytes and bucket timeline; the no_sync proof."""
+                ref: StepResult, wire: bool) -> tuple[dict, dict]:
+    """DDP's proof, ledger and bytes (its first step, counted, untimed); its bucket
+    timeline and the cost of its overlap (later steps, timed, no meter); the no_sync proof."""
     n, r = rank.world_size, rank.rank
+    log = CallLog()
     run = ddp_step(model, ids, labels, lr=config.lr, bucket_cap_mb=config.bucket_cap_mb,
-                   rank=r, world_size=n, steps=config.steps, device=rank.device)
-    first, last = run["first"], run["last"]
+                   rank=r, world_size=n, steps=config.steps, device=rank.device, meter=log)
+    first, last = run["first"], run["timed"][-1]
     proofs = step_proofs(
         config.lr,
         output=max_over_ranks((first["output"] - rows_of(ref.output, r, n)).abs().max().item(),
@@ -146,52 +113,68 @@ def ddp_section(rank: Rank, config: DataParallelConfig, model, ids, labels,
                                bucket_cap_mb=config.bucket_cap_mb, rank=r, world_size=n,
                                micro_steps=config.accumulation, device=rank.device)
     t0 = last["start_ns"]
-    spans = [BucketSpan(b["index"], b["bytes"], b["params"], b["start_ns"] - t0,
-                        b["end_ns"] - t0) for b in last["buckets"]]
+    spans = [BucketSpan(b["index"], b["bytes"], b["params"], b["param_bytes"],
+                        b["start_ns"] - t0, b["end_ns"] - t0) for b in last["buckets"]]
+    compute = ("backward_start_ns", "compute_end_ns")
     return {
-        "runs": {"DDP": Run("DDP", **_sent(first["counter"]), proofs=proofs,
+        "runs": {"DDP": Run("DDP", Traffic.of(log, wire), proofs=proofs,
                             ledger=first["ledger"])},
         "first_step_buckets": len(first["buckets"]),  # DDP's first step: one bucket (ddp.py)
         "timeline": Timeline(last["backward_start_ns"] - t0, last["compute_end_ns"] - t0,
                              last["backward_end_ns"] - t0, spans),
+        "overlap_cost": OverlapCost([_span_s(s, *compute) for s in run["timed"]],
+                                    [_span_s(s, *compute) for s in run["silent"]]),
         "no_sync_all_reduces": accumulated["all_reduces"],
         "no_sync_proof": no_sync_proof(config.lr, max_over_ranks(
             max_diff(accumulated["weights"], ref.weights), rank)),
     }, first
 
 
+Hand = dict[str, tuple[Pairs, Pairs]]  # a hand ZeRO-3's (weights, gradient slices), by name
+ZERO_RUNS = {"ZeRO-1": (1, None), "ZeRO-2": (2, None), "ZeRO-3": (3, None),
+             "ZeRO-3 bf16": (3, torch.bfloat16)}  # (stage, the dtype weights are gathered in)
+
+
 def zero_section(rank: Rank, config: DataParallelConfig, model, ids, labels, ref: StepResult,
-                 ddp_first: dict) -> tuple[dict[str, Run], Pairs]:
-    """Each hand-written ZeRO stage: one step, its ledger, its bytes, its proofs."""
+                 ddp_first: dict, wire: bool) -> tuple[dict[str, Run], Hand]:
+    """Each hand-written ZeRO stage (and stage 3 in bfloat16): one step, its ledger, what
+    it sent, its proofs."""
     n, r = rank.world_size, rank.rank
     x, y = rows_of(ids, r, n), rows_of(labels, r, n)
-    runs, weights = {}, []
-    for stage in (1, 2, 3):
+    mine = [(name, g.view(-1).chunk(n)[r]) for name, g in ref.grads]  # slice r of each
+    runs, hand = {}, {}
+    for name, (stage, dtype) in ZERO_RUNS.items():
         local = copy.deepcopy(model)
-        zero = HandZero(local, fsdp_units(local), stage, lr=config.lr)
-        counter, meter = CommMeter(), SavedTensorMeter(local)
-        with counter, meter:
-            output = zero.step(x, y, default_loss)
+        zero = HandZero(local, fsdp_units(local), stage, lr=config.lr, param_dtype=dtype)
+        log, meter = CallLog(), SavedTensorMeter(local)
+        with log, meter:
+            output = zero.step(x, y, lambda out, t: default_loss(out.float(), t))
         zero.remove()
-        weights = zero.full_weights()
-        mine = [(name, g.view(-1).chunk(n)[r]) for name, g in ref.grads]  # slice r of each
+        weights, slices = zero.full_weights(), zero.grad_slices()
+        hand[name] = (weights, slices)
+        if dtype is not None:  # within bfloat16's rounding of the float32 step
+            proofs = bf16_proofs(output=max_over_ranks(max_relative_diff(
+                [("output", output.float())], [("output", rows_of(ref.output, r, n))]), rank),
+                grads=max_over_ranks(max_relative_diff(slices, mine), rank))
+            runs[name] = Run(name, Traffic.of(log, wire), proofs=proofs)
+            continue
         proofs = zero_proofs(
             config.lr,
-            grads=max_over_ranks(max_diff(zero.grad_slices(), mine), rank),
+            grads=max_over_ranks(max_diff(slices, mine), rank),
             weights=max_over_ranks(max_diff(weights, ref.weights), rank),
             output_vs_ddp=max_over_ranks(
                 (output.cpu() - ddp_first["output"]).abs().max().item(), rank),
             weights_vs_ddp=max_over_ranks(max_diff(weights, ddp_first["weights"]), rank))
-        name = f"ZeRO-{stage}"
-        runs[name] = Run(name, **_sent(counter), proofs=proofs, ledger=DeviceMemory(
+        runs[name] = Run(name, Traffic.of(log, wire), proofs=proofs, ledger=DeviceMemory(
             **zero.peak, activations=sum(meter.peak.values())))
-    return runs, weights  # the last: ZeRO-3's
+    return runs, hand
 
 
 def fsdp_section(rank: Rank, config: DataParallelConfig, model, ids, labels, ref: StepResult,
-                 zero3_weights: Pairs) -> tuple[dict[str, Run], ShardedParameter]:
+                 hand: Hand, wire: bool) -> tuple[dict[str, Run], ShardedParameter]:
     """FSDP2: its DTensor parameters, its proofs against one process and against the hand
-    ZeRO-3, its bytes with and without resharding, and its mixed-precision step."""
+    ZeRO-3 (in bfloat16, against the hand ZeRO-3 in bfloat16), what it sent with and
+    without resharding, and its memory by PyTorch's FSDPMemTracker."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
@@ -210,44 +193,59 @@ def fsdp_section(rank: Rank, config: DataParallelConfig, model, ids, labels, ref
         if name == "FSDP2":
             parameter = ShardedParameter(
                 **describe_parameter(sharded, "blocks.0.mlp.gate_proj.weight"))
-        step = fsdp_step(sharded, x, y, lr=config.lr, world_size=n)
+        log = CallLog()
+        step = fsdp_step(sharded, x, y, lr=config.lr, world_size=n, meter=log)
         # the same step again, on a fresh copy, under PyTorch's FSDPMemTracker
         tracked = track_fsdp_step(shard(model, mesh, **options), x, y, optimizer="adam",
                                   lr=config.lr)
         output = [("output", step["output"])], [("output", rows_of(ref.output, r, n))]
-        weights = max_over_ranks(max_diff(step["weights"], ref.weights), rank)
+        weights, slices = hand["ZeRO-3 bf16" if name == "FSDP2 bf16" else "ZeRO-3"]
+        mine = [(k, g.view(-1).chunk(n)[r]) for k, g in step["grads"]]  # slice r of each
         if name == "FSDP2 bf16":
             proofs = bf16_proofs(
-                config.lr, output=max_over_ranks(max_relative_diff(*output), rank),
+                output=max_over_ranks(max_relative_diff(*output), rank),
                 grads=max_over_ranks(max_relative_diff(step["grads"], ref.grads), rank),
-                weights=weights)
+                grads_vs_hand=max_over_ranks(max_diff(mine, slices), rank),
+                weights_vs_hand=max_over_ranks(max_diff(step["weights"], weights), rank))
         else:
             proofs = fsdp_proofs(
                 config.lr, output=max_over_ranks(max_diff(*output), rank),
                 grads=max_over_ranks(max_diff(step["grads"], ref.grads), rank),
-                weights=weights,
-                weights_vs_zero3=max_over_ranks(max_diff(step["weights"], zero3_weights), rank))
-        runs[name] = Run(name, **_sent(step["counter"]), proofs=proofs,
+                weights=max_over_ranks(max_diff(step["weights"], ref.weights), rank),
+                weights_vs_zero3=max_over_ranks(max_diff(step["weights"], weights), rank))
+        runs[name] = Run(name, Traffic.of(log, wire), proofs=proofs,
                          tracker=TrackedMemory.of(tracked.own_peaks))
     return runs, parameter
 
 
 def main(config: DataParallelConfig, rank: Rank) -> DataParallelResult:
     """Every section on this rank, from the same weights and batch; rank 0's result."""
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # one thread of compute per rank; nothing pins it to a core
     model = build_lm(config.model, seed=0).train().to(rank.device)
     ids, labels = global_batch(config, rank.device)
     ref = reference_step(model, ids, labels, config.lr)
-    collectives = collectives_section(rank, config)
-    ddp, ddp_first = ddp_section(rank, config, model, ids, labels, ref)
-    zero, zero3_weights = zero_section(rank, config, model, ids, labels, ref, ddp_first)
-    fsdp, parameter = fsdp_section(rank, config, model, ids, labels, ref, zero3_weights)
+    wire_reason = NCCL_WIRE if rank.backend == "nccl" else wire_unavailable()
+    wire = wire_reason is None
+    collectives = collectives_section(rank, config, wire)
+    ddp, ddp_first = ddp_section(rank, config, model, ids, labels, ref, wire)
+    zero, hand = zero_section(rank, config, model, ids, labels, ref, ddp_first, wire)
+    fsdp, parameter = fsdp_section(rank, config, model, ids, labels, ref, hand, wire)
+    units = {u: [p.numel() * p.element_size() for m in ms for p in m.parameters()]
+             for u, ms in fsdp_units(model).items()}
     return DataParallelResult(
         config=config, world_size=rank.world_size, backend=rank.backend, reason=rank.reason,
         parameters=sum(p.numel() for p in model.parameters()),
-        parameter_tensors=len(list(model.parameters())),
+        parameter_tensors=len(list(model.parameters())), unit_bytes=units,
+        wire_reason=wire_reason, gloo_threads=gloo_threads(rank),
         **collectives, **{**ddp, "runs": {**ddp["runs"], **zero, **fsdp}},
         fsdp_parameter=parameter)
+
+
+def gloo_threads(rank: Rank) -> int | None:
+    """The worker threads of this rank's gloo process group (None: not gloo)."""
+    if rank.backend != "gloo":
+        return None
+    return dist.group.WORLD._get_backend(torch.device("cpu")).options._threads
 
 
 if __name__ == "__main__":
