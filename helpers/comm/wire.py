@@ -15,7 +15,9 @@ Three things share these sockets and are told apart or named:
   announced to its sender with a 48-byte message of its own (gloo's
   ``transport/tcp/pair.h``, ``Op::preamble``: six 8-byte fields);
 - other ranks hosted by the same process: when ranks are threads of one process
-  (:func:`helpers.torchrun.in_notebook.run_ranks`), the counters are the sum of theirs.
+  (:func:`helpers.torchrun.in_notebook.run_ranks`), the counters are the sum of theirs;
+  ``WireMeter(within_process=True)`` then counts only the sockets whose other end is in
+  this process too, leaving out a notebook kernel's own sockets to its front end.
 
 Where the counters cannot be read (not Linux, a kernel older than 4.19), ``available`` is
 False and ``reason`` says why: a lesson then shows the formula alone.
@@ -119,8 +121,10 @@ class WireMeter:
     group is built).
     """
 
-    def __init__(self, store_ports: frozenset[int] | None = None) -> None:
+    def __init__(self, store_ports: frozenset[int] | None = None, *,
+                 within_process: bool = False) -> None:
         self.store_ports = _store_ports() if store_ports is None else frozenset(store_ports)
+        self.within_process = within_process  # only sockets whose peer is in this process
         self.reason = wire_unavailable()
         self.sent = self.received = self.store_sent = self.store_received = 0
         self.windows = 0
@@ -143,7 +147,11 @@ class WireMeter:
         if not self.available:
             return None
         zero = SocketBytes(0, None, 0, 0)
-        for name, after in read_sockets().items():
+        now = read_sockets()
+        ours = {counts.local_port for counts in now.values()}
+        for name, after in now.items():
+            if self.within_process and after.peer_port not in ours:
+                continue
             before = self._before.get(name, zero)
             sent, received = after.written - before.written, after.received - before.received
             if self._is_store(after):

@@ -6,8 +6,9 @@ mesh's sizes, checked; a pipeline stage, tensor- and sequence-parallel with less
 plan, then fully sharded), ``training`` (the 3-D loop every rank runs, with hooks for
 what a harness measures), ``ledger`` (what a rank holds and sends, predicted from the
 shapes), ``checkpoint`` (folders of ``torch.distributed.checkpoint`` that any layout
-loads, verified), ``layout_search`` (which layout of a cluster fits a Llama, chosen by
-Megatron-LM's rule) and ``published_layouts`` (what others ran).
+loads, verified), ``layout_search`` (which layout of a cluster fits a Llama, chosen by a
+rule built on Megatron-LM's takeaways, with ZeRO counted as data parallelism: the course's
+extension) and ``published_layouts`` (what others ran).
 
 The lesson's launches, instruments and records are in ``helpers/runs/llama_3d``.
 """

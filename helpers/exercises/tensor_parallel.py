@@ -15,7 +15,7 @@ from helpers.tensor_parallel.ffn import FeedForward, cut_shard, split_weights
 from helpers.tensor_parallel.mappings import ring_allreduce_bytes
 from helpers.torchrun.in_notebook import run_ranks
 
-TOLERANCE = 1e-5  # float32 sums of 2 partials in another order
+TOLERANCE = 1e-5  # chosen: float32 sums of 2 partials in another order
 
 
 def _ffn(hidden: int = 8, ffn: int = 16, seed: int = 0) -> FeedForward:

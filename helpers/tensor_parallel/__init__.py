@@ -9,10 +9,11 @@ the proven training step) and ``dtensor`` (the same FFN through ``parallelize_mo
 
 The whole small Llama, taught: ``transformer_block`` (a block's shards with f and g or
 their sequence-parallel forms), ``vocab`` (the vocab-parallel embedding and
-cross-entropy), ``sequence`` (f and g along the sequence), ``llama`` (the whole model's
-split) and ``plans`` (the same with ``parallelize_module``); they build on
-``attention_shards`` (heads dealt to ranks). The lessons' launches, workers and results
-are in ``helpers/runs/tp_ffn`` and ``helpers/runs/tp_llama``.
+cross-entropy), ``sequence`` (f and g's sequence-parallel forms, Korthikanti et al.'s g
+and g-bar), ``llama`` (the whole model's split) and ``plans`` (the same with
+``parallelize_module``); they build on ``attention_shards`` (heads dealt to ranks). The
+lessons' launches, workers and results are in ``helpers/runs/tp_ffn`` and
+``helpers/runs/tp_llama``.
 """
 
 TAUGHT = ("block", "dtensor", "ffn", "llama", "mappings", "plans", "proofs", "rank_work",

@@ -9,8 +9,9 @@ and the norms whole. Its forward:
 - each block: ``g(heads(f(norm(x))))``, then the same for the MLP; with sequence
   parallelism f and g become ``gather_sequence`` and ``scatter_sequence`` (Korthikanti
   et al.'s g and g-bar: ``sequence``'s docstring sorts out the two papers' names);
-- the final norm (on this rank's tokens under sequence parallelism, then gathered), f,
-  and the head's rows: this rank's slice of the logits, never gathered;
+- the final norm, f, and the head's rows: this rank's slice of the logits, never
+  gathered (under sequence parallelism the norm runs on this rank's tokens and
+  ``gather_sequence`` takes f's place);
 - the loss from the slices: ``vocab_parallel_cross_entropy``, three all-reduces.
 
 Under sequence parallelism each rank's norms see only its tokens, so their weights'

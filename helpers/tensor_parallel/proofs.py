@@ -2,7 +2,8 @@
 
 Both compute the same products but add them up in another order, and each rank rounds
 its partial output to the dtype before the sum over ranks: the differences are a few
-units in the last place, never more. A wrong or missing shard misses by far more.
+units in the last place. ``output_tolerance`` allows 4 per rank, a chosen factor, not a
+derived bound. A wrong or missing shard misses by far more.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import torch
 from helpers.core.checks import Proof, max_abs_diff
 from helpers.core.devices import resolve_dtype
 
-# Lesson 07's simulated training step: float32 sums in another order, each difference
-# relative to the largest value of its kind (gradients, weights, input gradient, loss).
+# Lesson 07's simulated training step (chosen, not derived): float32 sums in another
+# order, each difference relative to the largest value of its kind (gradients, weights,
+# input gradient, loss).
 STEP_TOLERANCE = 1e-6
 # Lesson 07's splits on paper, in float64 on values of order 1 (chosen, not derived):
 # float64's rounding leaves differences of a few 1e-15 in these sums of 8 and 12
@@ -35,7 +37,8 @@ def output_tolerance(reference: torch.Tensor, dtype: torch.dtype | str, world_si
     """Largest element-wise difference allowed between native and tensor-parallel outputs.
 
     ``4 * p * eps * max|y|``: every rounding moves a value by up to eps/2 relative, the
-    reordered sums a few more; a few units in the last place per rank.
+    reordered sums a few more; a few units in the last place per rank. The factor 4 is
+    chosen, not derived.
     """
     return 4 * max(world_size, 1) * eps(dtype) * reference.detach().abs().max().item()
 

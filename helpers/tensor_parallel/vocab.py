@@ -7,11 +7,13 @@ padded vocabulary, on the last rank (they reach further back only for a vocabula
 world_size * (world_size - 1), e.g. 5 over 4 ranks); the loss masks their logits to -inf,
 so the padded split computes exactly the unpadded model's loss and gradients. That is
 this course's choice, made so that the split can be proven equal to one process.
-Megatron-LM pads too (``_vocab_size_with_padding``), but its padding rows are dummy
+Megatron-LM pads too (``vocab_size_with_padding`` in
+``megatron/core/tokenizers/utils/build_tokenizer.py``), but its padding rows are dummy
 tokens, initialised and trained like the others, and its vocab-parallel cross-entropy
-(``cross_entropy.py``) masks nothing: their logits enter the softmax, so its padded
-model is a model with a larger vocabulary. The loss never gathers the logits: three
-all-reduces of one number per token carry what softmax needs.
+(``megatron/core/tensor_parallel/cross_entropy.py``) masks no padding column, only the
+targets outside a rank's slice: their logits enter the softmax, so its padded model is a
+model with a larger vocabulary. The loss never gathers the logits: three all-reduces of
+one number per token carry what softmax needs.
 ``simulate_vocab_parallel_loss`` replays those reductions in one process;
 ``naive_split_loss`` shows what a split that drops the remainder gets wrong.
 """
@@ -122,9 +124,9 @@ def _target_logit(shifted: torch.Tensor, targets: torch.Tensor, start: int, end:
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     """Cross-entropy over vocabulary slices. Forward: three all-reduces of ``tokens``
     values each (MAX of the row maxima, SUM of the sums of exponentials, SUM of the target
-    logits). In a ring of N ranks each sends 2(N-1)/N of its tensor per rank: 6(N-1)/N x
-    tokens numbers in all, against (N-1)/N x tokens x vocab for an all-gather of the
-    logits. Backward: local, no communication."""
+    logits). In a ring of N ranks every rank sends 2(N-1)/N of each all-reduced tensor:
+    6(N-1)/N x tokens numbers per rank in all, against (N-1)/N x tokens x vocab per rank
+    for an all-gather of the logits. Backward: local, no communication."""
 
     @staticmethod
     def forward(ctx, logits, targets, start, end, vocab, group):

@@ -31,7 +31,6 @@ from helpers.runs.data_parallel.measured import BucketSpan
 from helpers.runs.data_parallel.results import ZERO_STAGE, DataParallelResult
 from helpers.runs.data_parallel.sweep import collective_call
 from helpers.runs.data_parallel.traffic import (
-    HEADER_ALLOWANCE,
     CallLog,
     Traffic,
     check_traffic,
@@ -177,8 +176,10 @@ def test_the_plans_follow_each_technique_from_the_shapes():
 def test_the_bytes_verdict_fails_on_a_wrong_call_and_on_a_wire_out_of_bounds():
     plan = planned("ZeRO-1", UNITS)
     gloo = 1216 + 1216 / 2  # 2 ranks: every reduce-scatter an all-reduce, all-gathers half
-    allowance = sum(header_allowance(s) for _, s in plan)
-    assert allowance >= len(plan) * HEADER_ALLOWANCE
+    allowance = header_allowance(plan, 2)
+    # per parameter (5), a reduce-scatter (an all-reduce of 4 segments: 4 pieces sent, 4
+    # received) and an all-gather (2 pieces each way), 96 B a piece sent and 48 B received
+    assert allowance == 5 * (96 * 4 + 48 * 4) + 5 * (96 * 2 + 48 * 2)
 
     def check(issued, wire):
         return check_traffic("ZeRO-1", Traffic(issued, {}, {}, wire), plan, 2)

@@ -22,7 +22,6 @@ from helpers.runs.tp_ffn.wire import (
     NCCL_REASON,
     ThreadRanksWire,
     WireCheck,
-    gloo_header_bytes,
     predict,
 )
 from helpers.torchrun.in_notebook import run_ranks
@@ -139,18 +138,6 @@ def test_an_unknown_activation_is_refused():
         replace(TINY, activation="relu").validate(2)
     with pytest.raises(SystemExit):
         TPFFNConfig.from_args(["--activation", "relu"])  # argparse's own choices
-
-
-def test_gloo_headers_are_counted_from_its_algorithms():
-    """48 bytes per message: two per piece sent, one per piece received (gloo's pair.cc);
-    the pieces of its ring all-reduce and all-gather. Measured on torch 2.14.1's gloo."""
-    assert [gloo_header_bytes("all_reduce", 2, s) for s in (256, 4 * 2**20, 20 * 2**20)] == [
-        576, 576, 2880]  # 2 segments per rank, then 1 MiB segments: 10 per rank
-    assert [gloo_header_bytes("all_reduce", 4, 4, r) for r in range(4)] == [144, 192, 288, 240]
-    assert gloo_header_bytes("reduce_scatter", 4, 20 * 2**20) == 4320  # an all-reduce on gloo
-    assert gloo_header_bytes("all_gather", 4, 1024) == 864
-    with pytest.raises(ValueError, match="valid: all_reduce, reduce_scatter, all_gather"):
-        gloo_header_bytes("broadcast", 2, 8)
 
 
 def test_a_wire_check_lies_between_gloos_payload_and_its_headers():

@@ -10,7 +10,8 @@ For each collective a rank issues, the bytes it sends:
 
 The verdict (:func:`check_traffic`) asserts what can be observed: the collectives issued,
 with the size of each, equal the plan made from the model's shapes (:data:`PLANS`); and the
-wire lies between gloo's prediction and that plus :func:`header_allowance` of each call.
+wire lies between gloo's prediction and that plus gloo's headers for those calls
+(:func:`header_allowance`, counted from gloo's algorithms).
 """
 
 from __future__ import annotations
@@ -19,26 +20,17 @@ from collections import Counter
 from dataclasses import dataclass
 
 from helpers.comm.collectives import gloo_bytes, ring_bytes
+from helpers.comm.headers import gloo_header_bytes
 from helpers.comm.meter import _C10D_OPS, CommMeter, _bytes
 from helpers.runs.contract import Record
 
-# gloo's TCP transport (gloo/transport/tcp/pair.h, ``Op``: a preamble of six 8-byte fields)
-# sends a 48-byte preamble before every payload, and a 48-byte message of its own to say a
-# send is ready (NOTIFY_SEND_READY) or a receive is (NOTIFY_RECV_READY): a rank pays 96 B
-# per message it sends, 48 B per message it receives.
-HEADER_BYTES = 48
-# Chosen, not derived: the headers one call may add, 16 of them, plus 16 per MiB of its
-# full tensor (gloo's ring cuts a large tensor into more segments, each a message of its
-# own). On 2 ranks the sweep of section 1 measures 12 for an all-reduce or a reduce-scatter
-# of up to 4 MiB, 6 for an all-gather, 2 for a broadcast's root and 1 for its leaf.
-HEADERS_PER_CALL = 16
-HEADERS_PER_MIB = 16
-HEADER_ALLOWANCE = HEADERS_PER_CALL * HEADER_BYTES  # what any call may add, at least
+
+def header_allowance(calls: list[Call], world_size: int, rank: int = 0) -> int:
+    """Bytes of gloo's headers rank ``rank`` writes for ``calls``, counted from its
+    algorithms (:func:`helpers.comm.headers.gloo_header_bytes`): derived, not chosen."""
+    return sum(gloo_header_bytes(c, world_size, s, rank) for c, s in calls)
 
 
-def header_allowance(nbytes: float) -> float:
-    """Bytes of headers one call on a full tensor of ``nbytes`` may add to gloo's payload."""
-    return HEADER_BYTES * (HEADERS_PER_CALL + HEADERS_PER_MIB * nbytes / 2**20)
 NCCL_WIRE = ("backend nccl: the collectives travel over NCCL's own transports (NVLink, PCIe, "
              "InfiniBand), not this process's TCP sockets")
 
@@ -149,7 +141,7 @@ class TrafficCheck:
     calls_as_planned: bool
     wire: int | None
     gloo: float
-    allowance: float  # header_allowance summed over the calls
+    allowance: float  # gloo's headers for the calls (header_allowance), derived
 
     @property
     def wire_ok(self) -> bool | None:
@@ -177,10 +169,10 @@ class TrafficCheck:
 
 def check_traffic(run: str, traffic: Traffic, plan: list[Call], world_size: int) -> TrafficCheck:
     """The verdict on one run's step (rank 0): the same calls of the same sizes as the
-    plan (in any order), and the wire within gloo's prediction plus the allowance."""
+    plan (in any order), and the wire within gloo's prediction plus its headers."""
     return TrafficCheck(run, Counter(traffic.issued) == Counter(plan), traffic.wire,
                         gloo_prediction(plan, world_size),
-                        sum(header_allowance(size) for _, size in traffic.issued))
+                        header_allowance(traffic.issued, world_size))
 
 
 @dataclass(frozen=True)
@@ -204,7 +196,9 @@ class CollectiveSize(Record):
 
     @property
     def wire_ok(self) -> bool | None:
-        """Every rank's wire within [gloo, gloo + header_allowance]; None: not read."""
+        """Every rank's wire within [gloo, gloo + its headers]; None: not read."""
         if self.headers is None:
             return None
-        return all(0 <= h <= header_allowance(self.nbytes) for h in self.headers)
+        n = len(self.headers)
+        return all(0 <= h <= header_allowance([(self.collective, self.nbytes)], n, rank)
+                   for rank, h in enumerate(self.headers))

@@ -3,13 +3,13 @@ lesson's instruments attached from outside, and its record against the one-proce
 
 :class:`Instruments` are the loop's hooks: they resume from a checkpoint and save one
 after each step (``helpers.composed.checkpoint``, with the weights' fingerprint,
-``digest``); around every step they read the clock, count the calls each mesh dimension
-issues and their bytes (``helpers.comm.meter.CommMeter``), read the bytes this rank's
-sockets carried (``helpers.comm.wire.WireMeter``, outside the clock: each read lists the
-process's sockets) and meter the activations kept (``measure.StageMeter``); an optimizer
-pre-hook reads what the rank holds between the backward and the update
-(``measure.held``); and on the first attempt of a run that asks for it, one rank kills
-itself as a step starts.
+``digest``); around every step they meter the activations kept (``measure.StageMeter``)
+and, after the first step (the warm-up), read the clock, count the calls each mesh
+dimension issues and their bytes (``helpers.comm.meter.CommMeter``) and read the bytes
+this rank's sockets carried (``helpers.comm.wire.WireMeter``, outside the clock: each
+read lists the process's sockets); an optimizer pre-hook reads what the rank holds
+between the backward and the update (``measure.held``); and on the first attempt of a
+run that asks for it, one rank kills itself as a step starts.
 """
 
 from __future__ import annotations

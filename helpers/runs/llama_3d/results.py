@@ -112,9 +112,10 @@ class RankRecord(Record):
 
     @property
     def sizes_ok(self) -> bool:
-        """The calls issued along each dimension carry the sizes the plan predicts
-        (``ledger.predicted_sent``): their bytes by the ring formula, and by gloo's
-        algorithms (which weighs reduce-scatters apart), equal the prediction's."""
+        """The calls issued along each dimension add up to the bytes the plan predicts
+        (``ledger.predicted_sent``), by the ring formula and by gloo's algorithms (which
+        weighs reduce-scatters apart, so their share must match too); the number of calls
+        is not predicted."""
         return (self.traffic.ring == self.predicted_ring
                 and self.traffic.gloo == self.predicted_gloo)
 

@@ -14,12 +14,10 @@ Three views of one step, per rank:
   the tensors plus gloo's headers; with NCCL the tensors go GPU to GPU and none of them
   passes through the sockets, so the wire is not read.
 
-gloo's headers (its ``transport/tcp/pair.cc``): every message starts with a 48-byte
-preamble (``Op::preamble``, six 8-byte fields); ``Pair::send`` announces each send to the
-peer with a message of its own (``NOTIFY_SEND_READY``), then sends the tensor as a second
-one; ``Pair::recv`` announces each receive (``NOTIFY_RECV_READY``). So a rank that posts s
-sends and r receives writes its tensors plus ``HEADERS_PER_SEND`` s +
-``HEADERS_PER_RECEIVE`` r bytes: the allowance the verdict names.
+gloo's headers (:mod:`helpers.comm.headers`): a rank that posts s sends and r receives
+writes its tensors plus ``HEADERS_PER_SEND`` s + ``HEADERS_PER_RECEIVE`` r bytes (96 and
+48: a send is announced, then sent, each message with its 48-byte preamble; a receive is
+announced): the allowance the verdict names.
 """
 
 from __future__ import annotations
@@ -31,11 +29,11 @@ from dataclasses import dataclass
 import torch.distributed as dist
 import torch.distributed.pipelining.schedules as schedules_module
 
+from helpers.comm.headers import PER_RECEIVE, PER_SEND
 from helpers.runs.contract import Record
 
-PREAMBLE = 48  # bytes: gloo's Op::preamble, six 8-byte fields
-HEADERS_PER_SEND = 2 * PREAMBLE  # NOTIFY_SEND_READY, then the tensor's own preamble
-HEADERS_PER_RECEIVE = PREAMBLE  # NOTIFY_RECV_READY
+HEADERS_PER_SEND = PER_SEND  # NOTIFY_SEND_READY, then the tensor's own preamble
+HEADERS_PER_RECEIVE = PER_RECEIVE  # NOTIFY_RECV_READY
 
 
 @dataclass

@@ -10,10 +10,10 @@ an SGD step ``w - lr g`` can differ by ``lr`` times the gradients' difference pl
 rounding of the two operations, so a tensor whose update went wrong fails however small
 its update is.
 
-Bytes: the calls a rank issued and their sizes (the meter prices each by the ring formula
-and by gloo's algorithms) must be the plan's (:func:`planned_calls`), and what its sockets
-sent must lie within gloo's prediction, payload plus headers
-(``helpers.runs.tp_ffn.wire.WireCheck``).
+Bytes: the calls a rank issued, counted per collective, and their bytes summed per
+collective (the meter prices each call by the ring formula and by gloo's algorithms) must
+be the plan's (:func:`planned_calls`), and what its sockets sent must lie within gloo's
+prediction, payload plus headers (``helpers.runs.tp_ffn.wire.WireCheck``).
 """
 
 from __future__ import annotations
@@ -51,9 +51,10 @@ def planned_calls(config: LlamaTPConfig, sequence_parallel: bool) -> dict[str, l
     The residual stream is ``batch x seq x hidden`` float32 values. Without sequence
     parallelism it is all-reduced 4 times per block (g twice forward, f twice backward),
     once after the embedding and once behind the head (f's backward). With it, each of
-    those becomes a reduce-scatter or an all-gather of the same tensor, one of each per
-    place, and the norms' gradients are all-reduced once. The loss adds 3 all-reduces of
-    one float32 per token.
+    those becomes a reduce-scatter and an all-gather of the same tensor, one in each pass
+    (f's backward all-reduce a reduce-scatter, plus an all-gather forward; g's forward
+    all-reduce a reduce-scatter, plus an all-gather backward), and the norms' gradients
+    are all-reduced once. The loss adds 3 all-reduces of one float32 per token.
     """
     tokens = config.batch * config.seq
     stream = tokens * config.model.hidden * FLOAT32
@@ -208,7 +209,8 @@ class ModeRun(Record):
 
     @property
     def as_planned(self) -> bool:
-        """The calls issued, and their sizes (priced by either formula), are the plan's."""
+        """The calls issued per collective, and their bytes summed per collective (priced
+        by either formula), are the plan's."""
         counts = {c: len(sizes) for c, sizes in self.planned.items()}
         return (self.calls == counts and self.ring == self.planned_ring
                 and self.gloo == self.planned_gloo)
