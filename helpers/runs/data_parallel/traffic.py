@@ -160,8 +160,10 @@ class TrafficCheck:
         if self.wire is None:
             wire = "wire not read"
         else:
-            wire = (f"wire - gloo = {self.wire - self.gloo:,.0f} B, within [0, "
-                    f"{self.allowance:,.0f} B]" if self.wire_ok else
+            extra = self.wire - self.gloo
+            wire = (f"wire = gloo + its headers ({extra:,.0f} B)" if extra == self.allowance
+                    else f"wire - gloo = {extra:,.0f} B, within [0, {self.allowance:,.0f} B]"
+                    if self.wire_ok else
                     f"wire {self.wire:,} B outside [{self.gloo:,.0f}, "
                     f"{self.gloo + self.allowance:,.0f}] B")
         return f"{self.run:<17}{calls}; {wire}  {'OK' if self.ok else 'FAILED'}"
