@@ -26,7 +26,8 @@ It listens at one of two places:
   ``isend``/``irecv`` (``pipelining.schedules._batch_p2p``, waited for in
   ``_wait_batch_p2p``). A collective is timed to its completion (the wrapper waits for it;
   ``synchronize=True`` also waits for the GPU before and after, since NCCL only queues
-  it); a pipeline transfer from its posting through the schedule's wait for it. Time in a
+  it); a pipeline transfer by the time its posting takes plus the time the schedule later
+  blocks waiting for it (not the interval between, when computation runs). Time in a
   collective includes waiting for the slowest rank of the group to arrive, and time in a
   pipeline wait includes the neighbour's micro-batch: the bubble shows up as pipeline
   communication. A collective issued from C++ (DDP's reducer) passes no Python door.

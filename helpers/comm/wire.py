@@ -11,9 +11,10 @@ Three things share these sockets and are told apart or named:
 
 - the rendezvous store (``torchrun``'s TCPStore, at ``MASTER_PORT``): its sockets are
   counted apart, as ``store_sent``/``store_received``;
-- gloo's message headers: each message carries a 48-byte preamble, and each receive is
-  announced to its sender with a 48-byte message of its own (gloo's
-  ``transport/tcp/pair.h``, ``Op::preamble``: six 8-byte fields);
+- gloo's message headers: each message carries a 48-byte preamble (gloo's
+  ``transport/tcp/pair.h``, ``Op::preamble``: six 8-byte fields), each send is announced
+  to the receiver with a 48-byte message of its own and each receive to the sender
+  (``NOTIFY_SEND_READY``, ``NOTIFY_RECV_READY``): counted by :mod:`helpers.comm.headers`;
 - other ranks hosted by the same process: when ranks are threads of one process
   (:func:`helpers.torchrun.in_notebook.run_ranks`), the counters are the sum of theirs;
   ``WireMeter(within_process=True)`` then counts only the sockets whose other end is in

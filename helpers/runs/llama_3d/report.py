@@ -41,7 +41,7 @@ def sent_table(runs: list[LayoutRun]) -> str:
     spans = {"dp": 30, "tp": 30, "pp": 19}
     top = f"{'':<26}" + "".join(f"  {f' {d} ':-^{spans[d] - 2}}" for d in DIMS)
     head = (f"{'layout':<20}{'stage':>6}" + f"{'calls':>8}{'ring':>11}{'gloo':>11}" * 2
-            + f"{'calls':>8}{'sent':>11}")
+            + f"{'calls':>8}{'bytes':>11}")
     lines = [top, head]
     for run in runs:
         for r in run.stage_ranks():
