@@ -1,11 +1,12 @@
-"""Collectives: what each computes, what a rank sends, and the instrument that counts them.
+"""Collectives: what each computes, what a rank sends, and the instruments that count it.
 
 Taught: ``collectives`` (all-reduce, reduce-scatter, all-gather and broadcast checked
-against their definition, the bytes a rank sends in a ring, the alpha-beta fit; lesson 06)
-and ``meter`` (``CommMeter``: calls, bytes and seconds per process group and per
-collective, counted at the dispatcher in lessons 06 and 09, timed at each library's door
-in lessons 09 and 10, with the bytes each call sends by the ring formula and by gloo's
-algorithms, and what the sockets sent, read by ``wire``).
+against their definition, the bytes a rank sends in a ring and on gloo, the alpha-beta
+fit; lesson 06), ``meter`` (``CommMeter``: calls, bytes and seconds per process group and
+per collective, counted at the dispatcher in lessons 06 and 09, timed at each library's
+door in lessons 09 and 10), ``wire`` (``WireMeter``: the bytes that left the process's
+sockets, read from the kernel; lessons 04, 06, 08, 09 and 10) and ``headers`` (gloo's
+message headers, counted from its algorithms: what the wire carries beyond the payload).
 """
 
-TAUGHT = ("collectives", "meter")
+TAUGHT = ("collectives", "headers", "meter", "wire")

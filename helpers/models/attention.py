@@ -4,7 +4,8 @@ Grouped-query attention (GQA) has ``heads`` query heads but only ``kv_heads`` ke
 value heads: query head ``i`` reads key/value head ``i // (heads // kv_heads)``. Keys and
 values shrink by ``heads / kv_heads``, and so does the cache a generator keeps of them.
 Rotary position embedding (RoPE) turns each query and key by an angle proportional to
-its position, so that their dot product depends only on the offset; it has no weights.
+its position, so that position enters their dot product only through the offset between
+them; it has no weights.
 
 The forward reads the number of heads from the projections' outputs, so the same module
 runs one tensor-parallel rank's share of the heads (PyTorch's ``parallelize_module``

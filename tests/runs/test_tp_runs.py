@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from helpers.comm.collectives import run_collective
-from helpers.comm.wire import wire_unavailable
+from helpers.comm.wire import WireMeter, wire_unavailable
 from helpers.profiles import get_profile
 from helpers.runs import contract
 from helpers.runs.contract import launch, serve
@@ -20,7 +20,6 @@ from helpers.runs.tp_ffn.results import MeshRun, SweepRun, TPRun
 from helpers.runs.tp_ffn.shard_files import write_all_shards
 from helpers.runs.tp_ffn.wire import (
     NCCL_REASON,
-    ThreadRanksWire,
     WireCheck,
     predict,
 )
@@ -150,7 +149,7 @@ def test_a_wire_check_lies_between_gloos_payload_and_its_headers():
 @pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter", "all_gather"])
 def test_thread_ranks_put_gloos_payload_and_headers_on_the_wire(collective):
     """Two thread ranks, one window around one call: both ranks' bytes, exactly."""
-    meter, size = ThreadRanksWire(), 64 * 1024
+    meter, size = WireMeter(within_process=True), 64 * 1024
     opened = threading.Barrier(2, action=meter.__enter__)
     closed = threading.Barrier(2, action=lambda: meter.__exit__(None, None, None))
 

@@ -20,15 +20,8 @@ from helpers.comm.headers import gloo_header_bytes
 from helpers.comm.wire import WireMeter
 from helpers.runs.contract import Record
 
-NCCL_REASON = ("nccl: the collectives travel over the GPUs' links (NVLink, PCIe, "
-               "InfiniBand), not this process's TCP sockets")
-
-
-class ThreadRanksWire(WireMeter):
-    """The sockets between ranks run as threads of this process, both ranks together."""
-
-    def __init__(self) -> None:
-        super().__init__(within_process=True)
+NCCL_REASON = ("nccl: within a node the collectives travel over the GPUs' links (NVLink, "
+               "PCIe, shared memory), not this process's TCP sockets")
 
 
 @dataclass(frozen=True)
