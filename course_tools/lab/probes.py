@@ -9,6 +9,7 @@ reads ``[*]``.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 from course_tools.lab.server import LANDING, Lab
 
 WINDOW = {"width": 1400, "height": 1000}
+_ERROR = re.compile(r"^[A-Za-z_.]*(Error|Exception|Interrupt)\b")  # "RuntimeError: ..."
 SETTLE_S = 2.0  # after the kernel is idle: JupyterLab updates the model's metadata then
 
 
@@ -142,11 +144,13 @@ def runs_clean(page: Any, name: str, screens: Path | None,
         page.screenshot(path=str(screens / f"run-all-{Path(name).stem}.png"))
     findings = []
     for text in texts:
-        first = next((line for line in text.splitlines() if line.strip()), "")
-        if "Traceback" in text or "Error" in first:
-            findings.append(Finding(name, f"a cell ended in an error: {first[:160]}"))
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        error = next((line for line in reversed(lines) if _ERROR.match(line)), None)
+        if error or "Traceback" in text:
+            findings.append(Finding(name, f"a cell ended in an error: {(error or lines[0])[:160]}"))
         elif "Warning" in text:
-            findings.append(Finding(name, f"a cell printed a warning: {first[:160]}"))
+            warning = next(line for line in lines if "Warning" in line)
+            findings.append(Finding(name, f"a cell printed a warning: {warning[:160]}"))
     return findings
 
 
