@@ -72,7 +72,7 @@ class Profile:
             f"batch {m.batch} x {m.seq} tokens",
             "data_parallel": f"Llama-shaped model: vocab {lm.vocab}, hidden {lm.hidden}, "
             f"{lm.blocks} blocks; global batch {d.batch} x {m.seq} tokens, DDP buckets of "
-            f"{d.bucket_cap_mb:g} MB, collectives timed at {len(d.collective_sizes)} sizes "
+            f"{d.bucket_cap_mb:g} MiB, collectives timed at {len(d.collective_sizes)} sizes "
             f"up to {format_bytes(d.collective_sizes[-1])}",
             "transformer_tp": f"Llama: vocab {xm.vocab}, hidden {xm.hidden}, {xm.heads} heads "
             f"({xm.kv} key/value), MLP {xm.ffn}, {xm.blocks} blocks; batch {x.batch} x "

@@ -67,9 +67,10 @@ def ring_bytes(collective: str, world_size: int, nbytes: float) -> float:
 def gloo_bytes(collective: str, world_size: int, nbytes: float, rank: int = 0,
                root: int = 0) -> float:
     """Bytes rank ``rank`` of a gloo group sends for ``collective`` of a full tensor of
-    ``nbytes``, by gloo's algorithms (payload only: each message also carries 48 bytes of
-    header). All-reduce and all-gather are rings; a reduce-scatter is an all-reduce; a
-    broadcast from ``root`` is a binomial tree."""
+    ``nbytes``, by gloo's algorithms. Payload only: gloo also writes 96 B of headers per
+    piece sent and 48 B per piece received (:mod:`helpers.comm.headers`). All-reduce and
+    all-gather are rings; a reduce-scatter is an all-reduce; a broadcast from ``root`` is a
+    binomial tree."""
     validate_collective(collective)
     if collective == "reduce_scatter":
         return ring_bytes("all_reduce", world_size, nbytes)
