@@ -12,7 +12,8 @@ from helpers.model_parallel.stages import Layers
 
 
 def layer_flops(layers: Layers, example: torch.Tensor) -> list[int]:
-    """Forward FLOPs of each layer for ``example`` (counted by torch's FlopCounterMode)."""
+    """Forward FLOPs of each layer for ``example``, as torch's FlopCounterMode counts them:
+    convolutions and matrix products only (no BatchNorm, ReLU, pooling or addition)."""
     flops = []
     with torch.no_grad():
         for _, layer in layers:

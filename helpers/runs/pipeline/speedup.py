@@ -5,10 +5,10 @@ stage process (``PipelineResult.single``): the ideal K·M/(M+K-1) then also assu
 of equal cost and free sends. ``make bench`` also times the same K stage processes running
 the same batch as one micro-batch
 (M = 1): the same work, the same sends at the cuts, timed the same way, with nothing to
-overlap. What changes between the baseline and a run with M micro-batches is the overlap
-alone, so the ideal speed-up is GPipe's K·M/(M+K-1) (the M = 1 step is K stage times,
-the M-micro-batch step M+K-1 times 1/M of one). That ideal assumes a micro-batch of B/M
-samples costs exactly 1/M of the whole batch; when smaller micro-batches are cheaper per
+overlap. What changes between that baseline and a run with M micro-batches is the overlap
+and the size of each micro-batch, so the ideal speed-up is GPipe's K·M/(M+K-1) (the M = 1
+step is K stage times, the M-micro-batch step M+K-1 times 1/M of one). That ideal assumes
+a micro-batch of B/M samples costs exactly 1/M of the whole batch; when smaller micro-batches are cheaper per
 sample on the device (or the baseline was slowed by other work on the machine), a
 measured speed-up can exceed it, and ``describe`` says so instead of printing it bare.
 """
