@@ -6,8 +6,10 @@ when a zero-bubble schedule asks for the input gradient only) and
 ``backward_weight_one_chunk`` (W), and the schedules' wait for sends and receives to complete
 (``_wait_batch_p2p``, a private function: ``validate_instrumentable`` fails loudly if a torch
 upgrade removes it). Times come from ``time.monotonic_ns``, one clock for all processes
-of a machine, so ranks' events line up; on a GPU each action ends with a synchronize, so
-its time is the GPU's, not the launch's.
+of a machine, so ranks' events line up; on a GPU each compute action ends with a
+synchronize, so its time is the GPU's, not the launch's. A wait is not synchronized: with
+NCCL, ``Work.wait`` makes the GPU's stream wait, not the host, so on a GPU the time a rank
+waits shows up inside its next compute action.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ from helpers.placement.strategies import validate_strategy
 FORMAT = "offload/1"
 ACCELERATE_LOGGERS = ("accelerate.utils.modeling", "accelerate.big_modeling")
 # Lesson 05's proof: weights back from disk bit for bit, the same float32 kernels on the
-# same device, so identical logits are expected; 1e-6 absolute.
+# same device, so identical logits are expected; 1e-6 absolute is a chosen bound, not derived.
 DISPATCH_TOLERANCE = 1e-6
 
 
