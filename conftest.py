@@ -8,3 +8,6 @@ import os
 os.environ["TUTORIAL_PROFILE"] = "small"
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
 os.environ["TUTORIAL_PROGRESS"] = "final"  # no progress bars, as in the stored runs
+
+# a learner's own copies of the lessons (README: "Working in JupyterLab") are not compared
+collect_ignore_glob = ["notebooks/*.mine.ipynb"]

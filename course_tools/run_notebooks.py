@@ -35,9 +35,14 @@ def with_lab_metadata(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return nb
 
 
+def is_lesson(path: Path) -> bool:
+    """A stored lesson, not a failed run's copy nor a learner's own (``*.mine.ipynb``)."""
+    return not any(part in path.name for part in (".failed", ".mine."))
+
+
 def lessons(only: list[str] | None = None) -> list[Path]:
     """The lesson notebooks in teaching order, optionally those whose name starts with ``only``."""
-    found = sorted(p for p in NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb") if ".failed" not in p.name)
+    found = sorted(p for p in NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb") if is_lesson(p))
     if only:
         chosen = [p for p in found if any(p.name.startswith(o) for o in only)]
         if not chosen:

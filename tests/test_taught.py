@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from course_tools.run_notebooks import lessons
+
 ROOT = Path(__file__).resolve().parents[1]
 TOPICS = ("models", "comm", "model_parallel", "pipeline", "placement", "data_parallel",
           "tensor_parallel", "composed", "memory")
@@ -25,7 +27,7 @@ HARNESS = re.compile(r"(^|_)(worker|config|launch|launches|results?|report|runs?
 
 def notebook_code() -> list[str]:
     cells = []
-    for nb in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+    for nb in lessons():
         for cell in json.loads(nb.read_text())["cells"]:
             if cell["cell_type"] == "code":
                 text = "".join(cell["source"])

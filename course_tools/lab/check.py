@@ -37,6 +37,7 @@ from course_tools.lab.probes import (
     runs_clean,
 )
 from course_tools.lab.server import jupyter_lab
+from course_tools.run_notebooks import is_lesson
 from course_tools.website import SiteError
 from course_tools.website.browser import chromium
 from helpers.core.paths import REPO_ROOT, RESULTS_DIR, display_path
@@ -61,7 +62,8 @@ def copy_course(target: Path) -> Path:
 
 def lesson_names(root: Path, only: list[str] | None = None) -> list[str]:
     """The lessons in ``root/notebooks``, optionally those whose names start with ``only``."""
-    names = sorted(p.name for p in (root / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    names = sorted(p.name for p in (root / "notebooks").glob("[0-9][0-9]_*.ipynb")
+                   if is_lesson(p))
     return [n for n in names if not only or any(n.startswith(o) for o in only)]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from course_tools.run_notebooks import is_lesson
 from course_tools.website import SiteError
 
 LESSON_GLOB = "[0-9][0-9]_*.ipynb"
@@ -18,7 +19,7 @@ FIX = "execute it and store its outputs (make refresh)"
 
 def lesson_notebooks(folder: Path) -> list[Path]:
     """The lessons in ``folder`` in teaching order (NN_*.ipynb, no ``.failed`` copies)."""
-    found = sorted(p for p in folder.glob(LESSON_GLOB) if ".failed" not in p.name)
+    found = sorted(p for p in folder.glob(LESSON_GLOB) if is_lesson(p))
     if not found:
         raise SiteError(f"no lesson notebooks ({LESSON_GLOB}) in {folder}")
     return found

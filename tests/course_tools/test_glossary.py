@@ -16,9 +16,9 @@ from course_tools.glossary import (
     slug,
     with_anchors,
 )
-from helpers.core.paths import REPO_ROOT
+from course_tools.run_notebooks import lessons
 
-LESSONS = sorted((REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+LESSONS = lessons()
 SMALL = with_anchors("""# Glossary
 
 ## Bubble

@@ -11,11 +11,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from course_tools.run_notebooks import lessons
+
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 CONTRIBUTING = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
-LESSONS = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")
-                 if ".failed" not in p.name)
+LESSONS = [p.name for p in lessons()]
 
 
 def section(text: str, heading: str) -> str:

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from course_tools.run_notebooks import KERNELSPEC
-from helpers.core.paths import NOTEBOOKS_DIR
+from course_tools.run_notebooks import KERNELSPEC, lessons
 
-LESSONS = sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
+LESSONS = lessons()
 MAX_LINE = 100  # characters: what an output area holds at that width (about 118) less a margin
 MAX_FIGURE_PX = 950  # the output area's width there: a wider PNG is scaled down
 
