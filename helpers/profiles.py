@@ -10,6 +10,7 @@ variable ``TUTORIAL_PROFILE`` chooses for the lessons (``small``, ``full`` or ``
 from __future__ import annotations
 
 import os
+import textwrap
 from dataclasses import dataclass
 
 import torch
@@ -176,5 +177,6 @@ def get_profile(
     """
     profile = PROFILES[resolve_name(name)]
     if verbose:
-        print(f"Using {profile.describe(topic)}")
+        print(textwrap.fill(f"Using {profile.describe(topic)}", 100, subsequent_indent="  ",
+                            break_long_words=False, break_on_hyphens=False))
     return profile

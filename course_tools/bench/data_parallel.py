@@ -86,7 +86,7 @@ def proof_figures(result: DataParallelResult) -> dict:
 
     return {"runs": {name: rows(run.proofs) for name, run in result.runs.items()},
             "collectives": rows(result.collective_checks),
-            "no_sync": rows([result.no_sync_proof])}
+            "no_sync": rows(result.no_sync_proofs)}
 
 
 def data_parallel_section(config: DataParallelConfig | None = None) -> dict:

@@ -115,7 +115,7 @@ def proof_figures(result: DataParallelResult) -> dict:
     return {
         "ok": result.ok,
         "collectives_ok": all(p.ok for p in result.collective_checks),
-        "no_sync_ok": result.no_sync_proof.ok,
+        "no_sync_ok": result.no_sync_ok,
         "no_sync_all_reduces": result.no_sync_all_reduces,
         "runs_ok": {name: run.ok for name, run in result.runs.items()},
         "failing": {name: rows for name, rows in failing.items() if rows},

@@ -167,21 +167,22 @@ def describe(c: Candidate) -> str:
 def format_search(searches: list[Search]) -> str:
     """One row per search: the chosen layout and its fullest GPU (or, when nothing fits,
     the layout that comes closest)."""
-    head = (f"{'model':<10}{'GPUs':>5}{'fit/tried':>11}  {'chosen layout':<34}{'tp':>3}{'pp':>4}"
+    head = (f"{'model':<10}{'GPUs':>5}{'fit/tried':>10}  {'chosen layout':<31}{'tp':>3}{'pp':>4}"
             f"{'dp':>5}{'m':>6}{'bubble':>8}  {'fullest GPU':>11}")
     lines = [head]
     for s in searches:
         c = s.chosen or s.least
-        name = describe(c) if s.chosen else f"none (closest: {describe(c)})"
-        lines.append(f"{s.model:<10}{s.gpus:>5}{f'{len(s.fitting)}/{len(s.tried)}':>11}  {name:<34}"
-                     f"{c.tp:>3}{c.pp:>4}{c.dp:>5}{c.microbatches:>6}{c.bubble:>8.1%}  "
-                     f"{format_bytes(c.memory.total):>11}")
+        name = describe(c) if s.chosen else f"none; closest {describe(c)}"
+        lines.append(f"{s.model:<10}{s.gpus:>5}{f'{len(s.fitting)}/{len(s.tried)}':>10}  "
+                     f"{name:<31}{c.tp:>3}{c.pp:>4}{c.dp:>5}{c.microbatches:>6}"
+                     f"{c.bubble:>8.1%}  {format_bytes(c.memory.total):>11}")
     return "\n".join(lines)
 
 
 def search_chart(searches: list[Search], path: str | Path, *, title: str | None = None) -> Path:
     """Stacked bars in GiB of each chosen layout's fullest GPU (the closest layout where
-    nothing fits, hatched), one panel per model, one bar per cluster, the card dashed."""
+    nothing fits, hatched), one panel per model on one scale, one bar per cluster with its
+    layout above it, the card dashed."""
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -194,33 +195,37 @@ def search_chart(searches: list[Search], path: str | Path, *, title: str | None 
     if not models or len({s.gpu_bytes for s in searches}) != 1:
         raise ValueError("searches: valid: a non-empty list of searches against one card")
     card = searches[0].gpu_bytes / 2**30
-    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 3.2), squeeze=False)
-    for ax, model in zip(axes[0], models, strict=True):
+    rows = [len([s for s in searches if s.model == m]) for m in models]
+    fig, axes = plt.subplots(len(models), 1, figsize=(7.5, 1.2 + 0.75 * sum(rows)),
+                             sharex=True, squeeze=False, height_ratios=rows)
+    most = max(card, *((s.chosen or s.least).memory.total / 2**30 for s in searches))
+    for ax, model in zip(axes[:, 0], models, strict=True):
         mine = [s for s in searches if s.model == model]
         shown = [s.chosen or s.least for s in mine]
+        y = list(range(len(mine)))
         left = [0.0] * len(mine)
         for k, kind in enumerate(KINDS):
             widths = [getattr(c.memory, kind) / 2**30 for c in shown]
-            ax.barh([f"{s.gpus} GPUs" for s in mine], widths, 0.6, left=left, color=f"C{k}",
+            ax.barh(y, widths, 0.45, left=left, color=f"C{k}",
                     hatch=["" if s.chosen else "//" for s in mine])
             left = [a + b for a, b in zip(left, widths, strict=True)]
         ax.axvline(card, color="red", linestyle="--")
-        for y, (s, c) in enumerate(zip(mine, shown, strict=True)):
+        for row, (s, c) in enumerate(zip(mine, shown, strict=True)):
             ax.annotate(describe(c) if s.chosen else f"none fits; closest: {describe(c)}",
-                        (left[y], y), xytext=(4, 0), textcoords="offset points", va="center",
-                        fontsize=8)
-        ax.set_xlim(0, 1.9 * max(card, *left))
+                        (0, row - 0.25), xytext=(2, 1), textcoords="offset points",
+                        va="bottom", fontsize=8)
+        ax.set_yticks(y, [f"{s.gpus} GPUs" for s in mine])
+        ax.set_ylim(len(mine) - 0.5, -0.85)  # the first cluster on top, room for its label
+        ax.set_xlim(0, 1.05 * most)
         ax.set_title(model, fontsize=10)
-        ax.set_xlabel("GiB on the fullest GPU")
-        ax.set_ylabel(f"cluster ({card:g} GiB cards)" if ax is axes[0][0] else "")
-        ax.invert_yaxis()
         ax.xaxis.grid(True)
         ax.set_axisbelow(True)
+    axes[-1, 0].set_xlabel(f"GiB on the fullest GPU ({card:g} GiB cards)")
     handles = [Patch(color=f"C{k}", label=LABELS[kind]) for k, kind in enumerate(KINDS)]
     handles += [Patch(facecolor="white", edgecolor="black", hatch="//", label="nothing fits"),
                 Line2D([], [], color="red", linestyle="--", label=f"{card:g} GiB card")]
-    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8)
+    fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=8, frameon=False)
     if title:
-        fig.suptitle(title)
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
+        fig.suptitle(title, fontsize=11)
+    fig.tight_layout(rect=(0, 0.09, 1, 1))
     return save_figure(fig, path)

@@ -10,9 +10,11 @@ Links are pinned to the commit read. Only the Llama 2 70B entries have this cour
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 
-_TT = "https://github.com/pytorch/torchtitan/blob/"
+_GITHUB = "https://github.com/"
+_TT = _GITHUB + "pytorch/torchtitan/blob/"
 _TT_2024_04 = _TT + "157a12c562288b3bccb077003a97f18a4ca657aa/"  # 2024-04-24
 _TT_2025_06 = _TT + "820504e20d1149fbf0b98c567af24c4b0433b22d/"  # 2025-06-13
 _BENCH = _TT_2025_06 + "benchmarks/llama3_h100_202412_torchtitan.md"
@@ -108,14 +110,31 @@ PUBLISHED = (
 )
 
 
-def format_published(rows: tuple[PublishedLayout, ...] = PUBLISHED) -> str:
-    """Each layout on one line, its source and link on the next two."""
-    lines = []
-    for r in rows:
-        seq = f"seq {r.seq}" if r.seq else "seq not stated"
-        batch = f"{r.per_dp}/rank, {r.global_batch}/step" if r.per_dp else "batch not stated"
-        lines += [f"{r.model:<15}{r.gpus:>6} x {r.hardware:<10} {r.layout():<28} {seq:<15} "
-                  f"{batch:<20} AC {r.recompute:<10} {'run' if r.measured else 'preset'}",
-                  f"    {r.source}: {r.note}" if r.note else f"    {r.source}",
-                  f"    {r.url}"]
+def cite(url: str) -> str:
+    """A source short enough for one line: a pinned GitHub file as
+    ``owner/repo@commit path`` (the commit cut to 7 digits), any other link as it is."""
+    if url.startswith(_GITHUB) and "/blob/" in url:
+        repo, rest = url[len(_GITHUB):].split("/blob/", 1)
+        commit, path = rest.split("/", 1)
+        return f"{repo}@{commit[:7]} {path}"
+    return url
+
+
+def format_published(rows: tuple[PublishedLayout, ...] = PUBLISHED, width: int = 100) -> str:
+    """A numbered table of the layouts (a value the source does not state: "-"), then each
+    one's source, its note and where to read it."""
+    lines = [f"{'':<4}{'model':<15}{'GPUs':>5}{'':<14}{'layout':<24}{'seq':>5}"
+             f"{'rank/step':>11}  {'AC':<10}kind"]
+    for k, r in enumerate(rows, 1):
+        batch = f"{r.per_dp or '-'}/{r.global_batch or '-'}"
+        lines.append(f"{k:>2}  {r.model:<15}{r.gpus:>5} x {r.hardware:<11}{r.layout():<24}"
+                     f"{r.seq or '-':>5}{batch:>11}  {r.recompute:<10}"
+                     f"{'run' if r.measured else 'preset'}")
+    lines += ["seq: tokens per sequence; rank/step: sequences per data-parallel rank and per "
+              "step;", "AC: activation checkpointing (recomputation); -: not stated", ""]
+    for k, r in enumerate(rows, 1):
+        text = f"{r.source}: {r.note}" if r.note else r.source
+        lines += textwrap.wrap(text, width, initial_indent=f"{k:>2}  ", subsequent_indent="    ",
+                               break_on_hyphens=False)
+        lines.append(f"    {cite(r.url)}")
     return "\n".join(lines)

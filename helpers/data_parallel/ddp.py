@@ -154,8 +154,9 @@ def no_sync_step(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor, *, l
                  bucket_cap_mb: float, rank: int, world_size: int, micro_steps: int,
                  device) -> dict:
     """``micro_steps`` forward-backward passes per rank, all but the last inside
-    ``no_sync()``, then one Adam step: the all-reduces each micro-step issued, and the
-    updated weights."""
+    ``no_sync()``, then one Adam step: the all-reduces each micro-step issued, the
+    gradients after the last micro-step (summed over the micro-steps, averaged over the
+    ranks) and the updated weights."""
     ddp = wrap(model, device, bucket_cap_mb)
     opt = adam(ddp.parameters(), lr)
     calls = []
@@ -167,6 +168,8 @@ def no_sync_step(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor, *, l
         with context, counter:
             (default_loss(ddp(x), y) / micro_steps).backward()
         calls.append(counter.per_collective.calls["all_reduce"])
+    grads = named_copy((n, p.grad) for n, p in ddp.module.named_parameters())
     opt.step()
-    return {"all_reduces": calls, "weights": named_copy(ddp.module.named_parameters())}
+    return {"all_reduces": calls, "grads": grads,
+            "weights": named_copy(ddp.module.named_parameters())}
 

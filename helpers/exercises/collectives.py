@@ -84,10 +84,10 @@ def _raise_rank_error(results: list[object], world_size: int) -> None:
     if stuck and not first:
         raise Wrong(f"With {world_size} ranks, rank {stuck[0]} waited {RS_TIMEOUT:g} s for a "
                     "peer that never answered",
-                    "each send needs a matching recv, and a blocking dist.send waits for it: if "
-                    "every rank sends first, all wait forever. Let even ranks send then receive "
-                    "and odd ranks receive then send, or start the send with dist.isend and "
-                    "wait on it after the recv")
+                    "a blocking dist.send waits for its matching recv: if every rank sends "
+                    "first, each waits for a neighbour that is itself waiting. Some rank must "
+                    "be receiving while its neighbour sends (a send that does not block, "
+                    "dist.isend, is one way)")
     rank, error = (first or errors)[0]
     hint = ("these ranks have no default group: use the rank and world_size arguments, and "
             "pass group=group to every call" if "default process group" in str(error).lower()
@@ -128,10 +128,10 @@ def _check_untouched(result: dict, rank: int, world_size: int, given_input: torc
     if not torch.equal(result["after"], given_input):
         raise Wrong(f"Right chunks, but with {world_size} ranks rank {rank}'s input tensor "
                     "was changed",
-                    "dist.all_reduce and recv write into the tensor you give them: work on "
-                    "full.clone(). The input belongs to the caller, who may still need it "
-                    "(to clip or log its local gradients, or to accumulate the next "
-                    "micro-batch), and the library's reduce-scatter leaves it as it was")
+                    "dist.all_reduce and recv write into the tensor you give them, and this one "
+                    "belongs to the caller, who may still need it (to clip or log its local "
+                    "gradients, or to accumulate the next micro-batch): the library's "
+                    "reduce-scatter leaves it as it was")
 
 
 @checker("06.3", "Write the body of my_reduce_scatter(full, rank, world_size, group), then run "

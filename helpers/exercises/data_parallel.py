@@ -17,6 +17,8 @@ WEIGHT_BYTES, GRAD_BYTES, STATE_BYTES = 2, 2, 12
 # Exercise 06.2: Llama-7B, data parallel over DP cards of CARD bytes, one sequence each.
 DP, CARD, SEQ, BATCH = 8, 24 * 2**30, 4096, 1
 STAGES = (0, 1, 2, 3)
+SENDS_NOT_KEEPS = ("(N-1)/N is the share of a tensor a rank sends in a ring reduce-scatter; "
+                   "what a rank keeps of a sharded tensor is its own shard")
 
 
 
@@ -45,20 +47,19 @@ def _zero2_mistakes(p: int, n: int) -> list[tuple[float, str]]:
     """(what a usual wrong count gives, its hint), first match wins."""
     ring = (n - 1) / n
     return [
-        (zero_bytes(p, n, 1), "that is ZeRO-1's count: every rank keeps all the 16-bit "
-         "gradients. ZeRO-2 reduce-scatters them, so a rank keeps only the 1/N it updates"),
-        (zero_bytes(p, n, 3), "that is ZeRO-3's count: under ZeRO-2 every rank still holds "
-         "all the 16-bit weights (2 bytes each) for its forward and backward"),
-        (zero_bytes(p, n, 0), "that is plain data parallelism (DDP), every rank holding "
-         "everything: ZeRO-2 divides the gradients and the optimizer state by N"),
-        (2 * p + 14 * p * ring, "(N-1)/N is the share of a tensor each rank sends in a ring "
-         "reduce-scatter; the share of the sharded state a rank keeps is 1/N"),
-        (16 * p * ring, "(N-1)/N is the share of a tensor each rank sends in a ring "
-         "reduce-scatter; the share of the sharded state a rank keeps is 1/N"),
-        (4 * p + 16 * p / n, "in mixed precision the weights and gradients the model uses are "
-         "16-bit (2 bytes); only the optimizer's 12 bytes are float32"),
-        (2 * p + 10 * p / n, "mixed-precision Adam keeps 12 bytes per parameter: a float32 "
-         "master copy of the weights (4) besides momentum (4) and variance (4)"),
+        (zero_bytes(p, n, 1), "that is ZeRO-1's count, where every rank keeps all the "
+         "gradients. ZeRO-2 shards the gradients too: a rank keeps only the part of them it "
+         "updates"),
+        (zero_bytes(p, n, 3), "that is ZeRO-3's count. ZeRO-2 does not shard the weights: "
+         "every rank runs the whole forward and backward, so it keeps all of them"),
+        (zero_bytes(p, n, 0), "that is plain data parallelism's count (DDP), every rank "
+         "holding everything. Which of the three kinds does ZeRO-2 shard over the ranks?"),
+        (2 * p + 14 * p * ring, SENDS_NOT_KEEPS),
+        (16 * p * ring, SENDS_NOT_KEEPS),
+        (4 * p + 16 * p / n, "in mixed precision the model computes with 16-bit weights and "
+         "gradients; only the optimizer's state is float32"),
+        (2 * p + 10 * p / n, "mixed-precision Adam keeps more than its two moments in "
+         "float32: its update is applied to a float32 master copy of the weights"),
     ]
 
 
@@ -79,18 +80,32 @@ def check_zero2_bytes(zero2_bytes: Callable[[int, int], float]) -> str:
         if abs(got - want) <= 1:
             continue
         hint = next((h for value, h in _zero2_mistakes(p, n) if abs(got - value) <= 1),
-                    "every rank holds all the 16-bit weights (2 bytes per parameter); the "
-                    "16-bit gradients (2) and Adam's float32 state (12) are split over the N "
-                    "ranks")
+                    "go kind by kind: for the weights, the gradients and the optimizer state, "
+                    "ask whether ZeRO-2 keeps it whole on every rank or split over the N ranks, "
+                    "and how many bytes per parameter it takes (the exercise says)")
         raise Wrong(f"{call} = {got:,.0f}; a rank holds {want:,.0f} bytes", hint)
     llama = LLAMA_7B_SHAPE.parameters()
-    return (f"Llama-7B on {DP} GPUs: {format_bytes(zero_bytes(llama, DP, 2))} per rank under "
-            f"ZeRO-2 against {format_bytes(zero_bytes(llama, DP, 0))} with DDP, before any "
-            "activations. The 16-bit weights, which ZeRO-2 still copies to every rank, are "
-            "now the largest part.")
+    mine, table = zero_bytes(llama, DP, 2), estimated_states(2)
+    block = GRAD_BYTES * LLAMA_7B_SHAPE.block_parameters()[0]  # elements
+    return (f"Llama-7B on {DP} GPUs: {format_bytes(mine)} per rank under ZeRO-2 against "
+            f"{format_bytes(zero_bytes(llama, DP, 0))} with DDP, before any activations. The "
+            "16-bit weights, which ZeRO-2 still copies to every rank, are now the largest "
+            f"part. Section 7's table puts {format_bytes(table)} in its weights, grads and "
+            "optimizer columns: the estimator also counts the one block whose whole gradient "
+            "a rank holds while it is reduce-scattered "
+            f"({format_bytes(block)}), and Adam's step counters "
+            f"({table - mine - block:,.0f} B).")
 
 
 # --- 06.2 -----------------------------------------------------------------------------------
+
+
+def estimated_states(stage: int) -> int:
+    """Bytes of weights, grads and optimizer state per GPU for Llama-7B on ``DP`` GPUs
+    under ZeRO-``stage``, by the course's estimator (section 7's table)."""
+    row = estimate_training_memory(LLAMA_7B_SHAPE, batch=BATCH, seq=SEQ, optimizer="adam",
+                                   precision="mixed", dp=DP, zero=stage).sum()
+    return row.weights + row.grads + row.optimizer_state
 
 
 def zero_stage_total(stage: int) -> int:
@@ -125,13 +140,15 @@ def check_smallest_zero_stage_7b(smallest_zero_stage_7b: int) -> str:
     if got < want:
         raise Wrong(f"With ZeRO-{got} each GPU would need {format_bytes(zero_stage_total(got))}, "
                     f"over {format_bytes(CARD)}",
-                    f"per GPU, as the estimator counts it: {stage_table()}")
+                    "each stage shards one more kind over the GPUs (1: the optimizer state, "
+                    "2: the gradients too, 3: the weights too), so a higher stage never needs "
+                    "more: ask the estimator about the stages above this one")
     if got > want:
         raise Wrong(f"ZeRO-{got} fits ({format_bytes(zero_stage_total(got))} per GPU), but a "
-                    "smaller stage fits too: prefer it, as in a ring (NCCL) ZeRO-3 sends 1.5 "
-                    "times DDP's bytes (ZeRO-1 and 2 as many as DDP) and every stage adds "
-                    "bookkeeping",
-                    f"per GPU, as the estimator counts it: {stage_table()}")
+                    "smaller stage fits too",
+                    "the question asks for the smallest stage that fits: prefer it, as every "
+                    "stage adds bookkeeping and in a ring (NCCL) ZeRO-3 sends 1.5 times DDP's "
+                    "bytes. Ask the estimator about the stages below this one")
     return f"ZeRO-{want} is the smallest stage that fits: {stage_table()}.{_why(want)}"
 
 

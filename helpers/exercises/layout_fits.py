@@ -57,6 +57,21 @@ def _valid(got: object) -> tuple[int, int]:
     return tp, pp
 
 
+def _overflow_hint(near: Candidate) -> str:
+    """What overflows the card in the closest layout, and what divides it."""
+    kinds = {"weights": near.memory.weights, "gradients": near.memory.grads,
+             "optimizer state": near.memory.optimizer_state,
+             "activations": near.memory.activations}
+    largest = max(kinds, key=kinds.__getitem__)
+    if largest != "activations":
+        return (f"the {largest} fill the card: more GPUs must share each copy of the model")
+    return ("what fills the card is the activations: without recomputation a GPU keeps every "
+            "activation of its blocks for each micro-batch in flight. ZeRO shards weights, "
+            "gradients and optimizer state, never activations; tensor parallelism (with "
+            "sequence parallelism) splits each block's; a 1F1B pipeline gives each stage "
+            "fewer blocks, but its first stage keeps one micro-batch in flight per stage")
+
+
 @checker("10.2", "Set layout_70b_64 to a pair (tp, pp), then run this cell again.")
 def check_layout_70b_64(layout_70b_64: tuple[int, int]) -> str:
     """The fewest model-parallel GPUs (TP before PP) that fit Llama-70B on 64 GPUs without
@@ -66,22 +81,24 @@ def check_layout_70b_64(layout_70b_64: tuple[int, int]) -> str:
     if want is None:
         raise ValueError("no layout fits: the exercise needs a search that finds one")
     got = best_at(tp, pp)
-    hint = ("search_layouts(LLAMA_70B_SHAPE, 64, recompute=(False,)) from "
-            "helpers.composed.layout_search lists what fits, best first; per_gpu from "
-            "helpers.memory.fits sizes one layout")
     if got is None:
         near = closest_at(tp, pp)
         raise Wrong(f"TP {tp} x PP {pp} does not fit: even as {describe(near)} the fullest GPU "
-                    f"needs {format_bytes(near.memory.total)}, over {format_bytes(CARD)}", hint)
+                    f"needs {format_bytes(near.memory.total)}, over {format_bytes(CARD)}",
+                    _overflow_hint(near))
     if got.model_parallel > want.model_parallel:
         raise Wrong(f"TP {tp} x PP {pp} fits ({describe(got)}: "
                     f"{format_bytes(got.memory.total)}), but fewer model-parallel GPUs fit "
                     "too: each one taken from data parallelism adds communication inside "
-                    "every step", hint)
+                    "every step",
+                    "the rule's first criterion is just enough model parallelism to fit, and "
+                    "data parallelism for the rest")
     if (got.tp, got.pp) != (want.tp, want.pp):
         raise Wrong(f"TP {tp} x PP {pp} fits with {tp * pp} model-parallel GPUs, but so does "
                     f"a layout with more tensor parallelism and fewer pipeline stages: TP "
-                    "inside a node first, and a smaller bubble", hint)
+                    "inside a node first, and a smaller bubble",
+                    "at equal tp x pp, the rule keeps tensor parallelism inside a node before "
+                    "it cuts pipeline stages across nodes")
     without = closest_at(1, 1)
     return (f"{describe(want)}: the fullest GPU needs {format_bytes(want.memory.total)} of "
             f"{format_bytes(CARD)}. Without tensor parallelism, {describe(without)} would "

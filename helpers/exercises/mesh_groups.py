@@ -9,10 +9,13 @@ that holds the rank. Every group built is destroyed before the check returns.
 from __future__ import annotations
 
 import contextlib
+import itertools
+import math
 import sys
 from collections.abc import Callable, Iterator
 from numbers import Integral
 
+import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
@@ -23,9 +26,10 @@ DIMS = ("pp", "dp", "tp")  # outermost first, as lesson 10's mesh names them
 GPUS_PER_NODE = 8
 NODE_LAYOUT = (2, 4, 8)  # 64 GPUs on 8 nodes: the success message counts nodes per group
 LAYOUTS = ((2, 2, 2), (1, 2, 2), (2, 1, 4), (4, 2, 1), (3, 2, 2), NODE_LAYOUT)
-ROW_MAJOR = ("ranks fill the mesh row-major, as torch.arange(pp * dp * tp).reshape(pp, dp, "
-             "tp) lays them out: tp varies fastest, so rank = (p * dp + d) * tp + t; a group "
-             "along one dimension holds the ranks whose other two indices are equal")
+ROW_MAJOR = ("the mesh takes the ranks row-major, as a tensor's elements lie in memory: the "
+             "dimension named last, tp, is the innermost and varies fastest in the rank "
+             "numbering, the one named first, pp, slowest")
+GROUP = "a group along one dimension holds the ranks that differ only in that dimension's index"
 
 
 @contextlib.contextmanager
@@ -90,18 +94,32 @@ def _normal(got: object, call: str) -> Groups:
     return normal
 
 
-def _hint(dim: str, got: list[list[int]], want: Groups, world_size: int) -> str:
-    """Why ``got`` is not PyTorch's groups along ``dim``."""
+def _groups_in_order(sizes: dict[str, int], order: tuple[str, ...], dim: str) -> list[list[int]]:
+    """The groups along ``dim`` if the ranks were numbered with ``order``'s last dimension
+    varying fastest; each sorted, the groups sorted."""
+    grid = torch.arange(math.prod(sizes.values())).reshape([sizes[d] for d in order])
+    moved = grid.movedim(order.index(dim), -1).reshape(-1, sizes[dim])
+    return sorted(sorted(g) for g in moved.tolist())
+
+
+def _hint(dim: str, got: list[list[int]], want: Groups, sizes: dict[str, int]) -> str:
+    """Why ``got`` is not PyTorch's groups along ``dim``: the misconception it shows, then
+    the principle."""
     other = next((d for d in DIMS if d != dim and want[d] == got), None)
     if other:
-        return f"those are the {other} groups; {ROW_MAJOR}"
+        return f"those are the {other} groups; {GROUP}; {ROW_MAJOR}"
     if all(len(g) == 1 for g in want[dim]):
         return ("a dimension of size 1 still forms groups: one per rank, holding that rank "
                 "alone")
+    world_size = math.prod(sizes.values())
     if sorted(r for g in got for r in g) != list(range(world_size)):
         return (f"the groups along one dimension split all {world_size} ranks: each rank is "
-                f"in exactly one of them; {ROW_MAJOR}")
-    return ROW_MAJOR
+                f"in exactly one of them")
+    for order in itertools.permutations(DIMS):
+        if order != DIMS and _groups_in_order(sizes, order, dim) == got:
+            return (f"those groups number the ranks with {order[-1]} varying fastest and "
+                    f"{order[0]} slowest; {ROW_MAJOR}")
+    return f"{GROUP}; {ROW_MAJOR}"
 
 
 def _spans(groups: list[list[int]]) -> set[int]:
@@ -132,7 +150,7 @@ def check_mesh_groups(mesh_groups: Callable[[int, int, int], Groups]) -> str:
                 if got[dim] != want[dim]:
                     raise Wrong(f"For (pp, dp, tp) = ({pp}, {dp}, {tp}), {call}[{dim!r}] = "
                                 f"{got[dim]}; PyTorch's DeviceMesh forms {want[dim]}",
-                                _hint(dim, got[dim], want, pp * dp * tp))
+                                _hint(dim, got[dim], want, {"pp": pp, "dp": dp, "tp": tp}))
     finally:
         if dist.is_initialized():  # one the answer left behind: none was there before
             dist.destroy_process_group()

@@ -41,13 +41,16 @@ def check_adam_bytes(adam_bytes: Callable[[nn.Module], int]) -> str:
         params = list(module.parameters())
         numel = sum(p.numel() for p in params)
         if got == want - 4 * len(params):
-            hint = "Adam also keeps a small counter for every parameter tensor; how many bytes?"
+            hint = ("the moments are not all Adam keeps: its bias correction needs the "
+                    "number of steps taken, so it keeps a step counter per parameter tensor")
         elif got in (numel * 4, numel):
-            hint = "Adam keeps more than one tensor per parameter; which ones?"
+            hint = ("one running average per parameter is not Adam: it keeps two, of the "
+                    "gradient and of its square, each as large as the parameter")
         elif got == want // 4 or got == (want - 4 * len(params)) // 4:
-            hint = "count bytes, not elements: each float32 element is 4 bytes"
+            hint = "that counts elements; memory is counted in bytes, and a float32 holds 4"
         else:
-            hint = "list what torch.optim.Adam puts in optimizer.state for one parameter"
+            hint = ("Adam's state follows the parameters: for each parameter tensor, running "
+                    "averages of the gradient and of its square, and how many steps it took")
         raise Wrong(f"For {label} you said {got:,} bytes; one measured Adam step keeps "
                     f"{want:,} bytes of state", hint)
     return ("Your count matches one real Adam step on every module tried (Linear with and "
@@ -89,11 +92,13 @@ def check_crossing_bytes(crossing_bytes: Callable[[nn.Sequential, int, int], int
             got = answer(crossing_bytes, layers, cut, batch)
             want = crossing_reference(layers, cut, batch)
             if got != want:
-                hint = ("a training step carries the activation forward and something of the "
-                        "same size back" if got * 2 == want else
-                        "count bytes: a float32 element is 4 bytes" if got * 4 in (want, want // 2)
-                        else "the tensor that crosses is the output of the last layer before "
-                        "the cut, layers[cut - 1]")
+                hint = ("the forward pass is half of a training step: the backward pass "
+                        "sends the gradient of that activation back across the cut, and a "
+                        "gradient is as large as its tensor" if got * 2 == want else
+                        "that counts elements; memory is counted in bytes, and a float32 "
+                        "holds 4" if got * 4 in (want, want // 2)
+                        else "what crosses is what the device before the cut hands over: the "
+                        "activation leaving its last layer, as wide as that layer's output")
                 raise Wrong(f"crossing_bytes(layers, cut={cut}, batch={batch}) = {got:,}; "
                             f"measured with hooks: {want:,} bytes", hint)
             costs[cut] = want
@@ -125,11 +130,16 @@ def check_three_stage_cut(three_stage_cut: Callable[[Sequence[float]], Sequence[
         best = max(sum(costs[:best_i]), sum(costs[best_i:best_j]), sum(costs[best_j:]))
         if max(stages) > best:
             shares = ", ".join(f"{s / sum(costs):.0%}" for s in stages)
+            even = (i, j) == (len(costs) // 3, 2 * len(costs) // 3)
             raise Wrong(f"For {label} your stages take {shares} of the cost; the slowest takes "
                         f"{max(stages) / sum(costs):.1%}, but a cut exists whose slowest stage "
                         f"takes {best / sum(costs):.1%}",
-                        "the pipeline runs at the pace of its slowest stage: try every pair of "
-                        "cuts, or binary-search the largest stage cost")
+                        ("equal numbers of layers are not equal work: the layers cost "
+                         "different amounts, and the pipeline runs at the pace of its slowest "
+                         "stage" if even else
+                         "the pipeline runs at the pace of its slowest stage, so the best cut "
+                         "is the one whose costliest stage is cheapest, whatever the other "
+                         "two cost: evening out two stages can leave the third too heavy"))
     i, j = balanced_split_points(list(flops), 3)
     shares = [sum(flops[:i]), sum(flops[i:j]), sum(flops[j:])]
     return ("Your cuts make the slowest stage as cheap as it can be. For ResNet50: "

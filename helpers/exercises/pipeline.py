@@ -49,8 +49,9 @@ def check_gpipe_bubble(gpipe_bubble: Callable[[Sequence[float], int], float]) ->
             hint = ("that is the formula for equal stages; here the slowest stage sets the "
                     "pace: how long does the forward pass of all M micro-batches take?"
                     if abs(got - (k - 1) / (m + k - 1)) < 1e-9 else
-                    "the step is the time from the first forward to the last backward; each "
-                    "stage is busy 3 x M x its own forward cost of it")
+                    "the idle share is the device time a step lasts, less the time each "
+                    "stage is busy with its own work; the step lasts from the first forward "
+                    "to the last backward, and the slowest stage stretches it")
             raise Wrong(f"gpipe_bubble({list(costs)}, M={m}) = {got:.4f}; the replayed GPipe "
                         f"step is idle {want:.4f} of the device time", hint)
     floor = replayed_bubble((1, 1, 1, 2), 512)
@@ -76,16 +77,38 @@ def check_fewest_m(fewest_m: int) -> str:
     want = fewest_microbatches(TARGET_STAGES, TARGET_BUBBLE)
     if got < want:
         raise Wrong(f"With M={got} the bubble is {drawn_bubble(TARGET_STAGES, got):.1%}, over "
-                    f"{TARGET_BUBBLE:.0%}", "your gpipe_bubble from exercise 03.1, with four equal costs, on larger M")
+                    f"{TARGET_BUBBLE:.0%}",
+                    "filling and draining the pipeline idles every stage for the same K-1 "
+                    "ticks whatever M is; more micro-batches only add busy ticks, so M must "
+                    "grow until those idle ticks are a tenth of the step")
     if got > want:
         raise Wrong(f"M={got} keeps the bubble under {TARGET_BUBBLE:.0%}, but fewer micro-batches "
                     "do too (and each extra one makes the micro-batches smaller and the GPU "
                     "less busy)",
-                    "your gpipe_bubble from exercise 03.1, with four equal costs, on smaller M")
+                    "the fewest micro-batches that meet the target win: each one more only "
+                    "shrinks the micro-batches further")
     return (f"M={want}: the bubble is {drawn_bubble(TARGET_STAGES, want):.1%}, and "
             f"{drawn_bubble(TARGET_STAGES, want - 1):.1%} with one fewer. The batch must split "
             f"into {want} micro-batches, so it needs at least {want} samples.")
 
+
+
+def bubble_hint(schedule: str, k: int, m: int, v: int, got: float) -> str:
+    """From the likely misconception behind a wrong ``bubble`` to the principle."""
+    if abs(got - (k - 1) / (v * m)) < 1e-9:
+        return ("that is the bubble as a fraction of the ideal step's time, the papers' form; "
+                "the exercise asks for the idle share of the whole step, in which the idle "
+                "time itself counts")
+    return {
+        "gpipe": "a rank idles only while the pipeline fills and drains (lesson 03's bubble); "
+        "its share is that idle time over the whole step, idle time included",
+        "1f1b": "1F1B reorders the work within the step but does not shorten the ramps",
+        "interleaved_1f1b": "with v chunks per rank, each piece of work is 1/v as long, so the "
+        "ramps shrink v-fold; the work each rank does per micro-batch does not",
+        "zero_bubble": "the backward is two pieces, I and W, each as long as F; the W's, which "
+        "no rank waits for, fill the ramps, so count the work per micro-batch and what is left "
+        "of the ramps",
+    }[schedule]
 
 
 @checker("04.1", "Write the body of bubble(schedule, K, M, v), then run this cell again.")
@@ -98,14 +121,7 @@ def check_bubble(bubble: Callable[[str, int, int, int], float]) -> str:
                 got = float(answer(bubble, schedule, k, m, v))
                 want = bubble_theory(schedule, k, m, v)
                 if abs(got - want) > 1e-9:
-                    hint = {
-                        "gpipe": "lesson 03's bubble: the ramp-up and ramp-down take K-1 steps",
-                        "1f1b": "1F1B reorders the work but does not shorten the ramps",
-                        "interleaved_1f1b": "with v chunks per rank, each piece of work is 1/v "
-                        "as long, but there are v times as many pieces",
-                        "zero_bubble": "the backward is now two pieces, I and W, each as long "
-                        "as F: count the work per micro-batch",
-                    }[schedule]
+                    hint = bubble_hint(schedule, k, m, v, got)
                     raise Wrong(f"bubble({schedule!r}, K={k}, M={m}, v={v}) = {got:.4f}; the "
                                 f"ideal schedule idles {want:.4f}", hint)
     return ("All four schedules match. At K=4, M=8: "
@@ -120,6 +136,22 @@ def peak_reference(schedule: str, stages: int, microbatches: int, stage: int,
     return weights + layout.in_flight(microbatches)[stage] * activation
 
 
+def peak_hint(schedule: str, k: int, m: int, held: float, no_weights: bool) -> str:
+    """From the likely misconception behind a wrong ``peak_bytes`` to the principle
+    (``no_weights``: the answer is right but for the weights)."""
+    if no_weights:
+        return ("a stage holds its weights all the time, on top of the activations of the "
+                "micro-batches in flight")
+    if schedule == "gpipe":
+        return ("GPipe runs every forward before the first backward, and a micro-batch's "
+                "activations are freed only by its backward")
+    if held == m:
+        return ("that is GPipe's count: 1F1B starts the backwards after a warm-up, and each "
+                "backward frees its micro-batch")
+    return ("1F1B's warm-up is shorter the later the stage: how many forwards does stage k run "
+            "before its first backward?")
+
+
 @checker("04.2", "Write the body of peak_bytes(schedule, K, M, stage, weights, activation), "
                  "then run this cell again.")
 def check_peak_bytes(peak_bytes: Callable[[str, int, int, int, int, int], int]) -> str:
@@ -132,9 +164,7 @@ def check_peak_bytes(peak_bytes: Callable[[str, int, int, int, int, int], int]) 
                 want = peak_reference(schedule, k, m, stage, weights, activation)
                 if got != want:
                     held = (got - weights) / activation
-                    hint = ("GPipe runs every forward before the first backward" if schedule
-                            == "gpipe" else "1F1B's warm-up: how many forwards does stage k run "
-                            "before its first backward?")
+                    hint = peak_hint(schedule, k, m, held, got + weights == want)
                     raise Wrong(f"peak_bytes({schedule!r}, K={k}, M={m}, stage={stage}) says "
                                 f"{held:g} micro-batches in flight; the schedule holds "
                                 f"{(want - weights) // activation}", hint)

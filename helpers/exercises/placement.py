@@ -75,6 +75,23 @@ def _maps(model: nn.Module) -> list[dict[str, Device]]:
     return maps
 
 
+def copied_hint(device_map: Mapping[str, Device], sizes: Mapping[str, int], got: int) -> str:
+    """From the likely misconception behind a wrong ``copied_per_forward`` to the principle."""
+    def on(*devices: Device) -> int:
+        return sum(sizes[n] for n, d in device_map.items() if d in devices)
+
+    if got == on("disk"):
+        return ("layers in CPU memory are copied over too, not only those on disk: both run "
+                "on the main device")
+    if got == sizes[""]:
+        return ("modules placed on a GPU stay there from one forward to the next; only what "
+                "lives off the GPUs travels")
+    if got == on(*(d for d in set(device_map.values()) if d != 0)):
+        return ("a module on GPU 1 runs on GPU 1 (accelerate moves its inputs there); only the "
+                "modules in CPU memory or on disk are brought to the main device, GPU 0")
+    return "each module of the map counts once; sizes[name] already includes its children"
+
+
 @checker("05.2", "Write the body of copied_per_forward(device_map, sizes), then run this cell "
                  "again.")
 def check_copied_per_forward(copied_per_forward: Callable[[dict, dict[str, int]], int],
@@ -85,11 +102,7 @@ def check_copied_per_forward(copied_per_forward: Callable[[dict, dict[str, int]]
         got = answer(copied_per_forward, dict(device_map), dict(sizes))
         want = copied_reference(model, device_map)
         if got != want:
-            on_disk = sum(sizes[n] for n, d in device_map.items() if d == "disk")
-            hint = ("layers in CPU memory are copied over too, not only those on disk"
-                    if got == on_disk and got != want else
-                    "each module of the map counts once; sizes[name] already includes its "
-                    "children")
+            hint = copied_hint(device_map, sizes, got)
             raise Wrong(f"For the map {describe(device_map)} you said {got:,} bytes; a forward "
                         f"brings {want:,} bytes to GPU 0", hint)
     return ("Every map tried matches. Generating 100 tokens runs 100 forwards: that many "

@@ -89,8 +89,10 @@ def check_g(G: type) -> str:
     for rank, result in enumerate(results):
         if isinstance(result, BaseException):
             raise Wrong(f"Rank {rank} raised {type(result).__name__}: {result}",
-                        "use the group passed to forward; dist.all_reduce works in place, so "
-                        "reduce a copy (x.clone())")
+                        "these ranks have no default process group, so a collective reaches "
+                        "only the group it is given: forward received it. And all_reduce writes "
+                        "the sum into the tensor it is given, which autograd may still need: "
+                        "the input handed to forward must stay as it was")
         if result.get("unsolved"):
             raise NotSolved
     per_rank = model.fc1.weight.shape[0] // world_size
@@ -163,7 +165,9 @@ def check_step_bytes(step_bytes: Callable[[int, int, int, int], float]) -> str:
             one = tokens * hidden * 4
             hint = ("the backward pass sends too: which operator all-reduces there, and what?"
                     if abs(2 * got - want) < 0.5 else
-                    "a ring all-reduce of n bytes sends 2(p-1)/p of n per rank, not n"
+                    "in a ring all-reduce no rank sends the whole tensor at once: it sends "
+                    "pieces of 1/p of it, one per step, in a reduce-scatter and then in an "
+                    "all-gather (the cost section counts the steps)"
                     if abs(got - want * p / (2 * (p - 1))) < 0.5 else
                     "count the all-reduces of one FFN layer, forward and backward, and the "
                     f"bytes of each ({one:,} here)")

@@ -142,7 +142,9 @@ def check_place(place) -> str:
             if got[0] == f"cuda:{env['RANK']}":
                 raise Wrong(f"{where} would use {got[0]}, but its machine has {PER_NODE} "
                             f"GPUs, cuda:0 to cuda:{PER_NODE - 1}",
-                            "the GPU index counts within the machine: LOCAL_RANK")
+                            "a GPU index counts the GPUs of one machine, from 0 on each; of "
+                            "RANK, LOCAL_RANK and GROUP_RANK, which one counts the processes "
+                            "of one machine the same way?")
             raise Wrong(f"{where} would use {got[0]}; expected {want[0]}",
                         "each process takes the GPU whose index is its rank on its machine")
         if got[1:] != want[1:]:
@@ -150,7 +152,9 @@ def check_place(place) -> str:
             if got[1] == twin and env["LOCAL_RANK"] != env["RANK"]:
                 raise Wrong(f"{where} would load {got[1]}, like the process of the first "
                             f"machine with RANK={env['LOCAL_RANK']}: two ranks, one shard",
-                            "each of the 8 ranks holds its own shard: the global RANK")
+                            "each of the 8 ranks holds its own shard, so no two processes, "
+                            "on either machine, may load the same file: the number must count "
+                            "across both machines")
             raise Wrong(f"{where} would load {got[1:]}; expected {want[1:]}",
                         "lesson 07's files: fc1_{rank}.bin and fc2_{rank}.bin")
     return (f"Each of the {NODES * PER_NODE} processes takes the GPU of its LOCAL_RANK "

@@ -135,27 +135,30 @@ def sp_saving_bytes(tokens: int, hidden: int, tp: int, element_size: int,
 def _sp_mistakes(t: int, h: int, tp: int, e: int) -> list[tuple[float, str]]:
     """(what a usual wrong count gives, its hint), first match wins."""
     saved, s = 1 - 1 / tp, STAT_BYTES
-    whole = "; here they stay whole on every rank"
-    gathered = ("Korthikanti et al. divide all six width-h tensors around the norms by tp, "
-                "but the two norm outputs are all-gathered for the column-parallel "
-                "projections and kept so (as PyTorch's SequenceParallel keeps them)" + whole)
+    gathered = ("sequence parallelism saves only what a rank keeps of its own tokens. The two "
+                "norm outputs are all-gathered to every token before the column-parallel "
+                "projections, which keep the whole gathered tensor for their backward (as "
+                "PyTorch's SequenceParallel does): here they stay whole on every rank. "
+                "(Korthikanti et al. split those inputs too: Megatron keeps only a rank's "
+                "tokens of them and all-gathers them again in backward.)")
     return [
         (t * (6 * h * e + 2 * s) * saved, gathered),
         (t * 6 * h * e * saved, gathered),
-        (t * 4 * h * e * saved, "the norms' statistics count too: each norm keeps one "
-         "float32 rstd per token (2 norms, 8 bytes per token), split by tokens like the rest"),
-        (t * (4 * h + 2) * e * saved, "the norm statistics are float32, 4 bytes each, "
-         "whatever element_size is"),
-        (t * (4 * h * e + s) * saved, "a block has two norms (attention and MLP), each "
-         "keeping one float32 rstd per token"),
-        (t * (4 * h * e + 2 * s) / tp, "that is what a rank still keeps of these tensors, "
-         "1/tp of them; the saving is the rest, (tp-1)/tp"),
-        (t * (4 * h * e + 2 * s), "a rank keeps 1/tp of these tensors under sequence "
-         "parallelism: it saves (tp-1)/tp of them, not all"),
-        (t * (4 * h * e + 2 * s) * (tp - 1), "that is all tp ranks' saving together; one "
-         "rank saves 1/tp of it"),
-        (t * (4 * h + 2) * saved, "count bytes: the width-h tensors have element_size bytes "
-         "per element, the statistics 4"),
+        (t * 4 * h * e * saved, "a norm keeps more than width-h tensors for its backward: "
+         "each norm also keeps one float32 rstd per token, a statistic of that token, so it "
+         "is split by tokens like the rest"),
+        (t * (4 * h + 2) * e * saved, "the norms' statistics stay float32 whatever "
+         "element_size the activations use (autocast keeps them so)"),
+        (t * (4 * h * e + s) * saved, "a block has two norms (before attention and before the "
+         "MLP), and each keeps its own statistics"),
+        (t * (4 * h * e + 2 * s) / tp, "that is what a rank still keeps of these tensors; the "
+         "saving is what it no longer keeps"),
+        (t * (4 * h * e + 2 * s), "a rank still keeps its own tokens' share of these tensors: "
+         "it saves the other ranks' tokens, not all"),
+        (t * (4 * h * e + 2 * s) * (tp - 1), "that is all tp ranks' saving together; the "
+         "question is one rank's"),
+        (t * (4 * h + 2) * saved, "count bytes, not elements: a width-h tensor has "
+         "element_size bytes per element, a float32 statistic 4"),
     ]
 
 
@@ -174,9 +177,10 @@ def check_sp_saving(sp_saving: Callable[[int, int, int, int], float]) -> str:
             continue
         hint = next((hint for value, hint in _sp_mistakes(t, h, tp, e)
                      if abs(float(got) - value) <= 1),
-                    "sequence parallelism cuts by tokens four width-h tensors (the block "
-                    "input, the two normalised values, the residual sum), element_size bytes "
-                    "each, and the two norms' float32 rstd; a rank keeps 1/tp of them")
+                    "ask of each tensor a block keeps around its norms: does it stay in a "
+                    "rank's own tokens (then sequence parallelism splits it) or is it "
+                    "all-gathered first (then it stays whole)? Here four width-h tensors and the "
+                    "norms' statistics stay in a rank's tokens; the docstring names them")
         raise Wrong(f"{call} = {float(got):,.0f}; the estimator saves {want:,} bytes", hint)
     t, h, tp, e = QUOTED
     shape = case_shape(h, tp)

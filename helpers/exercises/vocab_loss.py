@@ -86,15 +86,18 @@ def mistaken_losses(logits: torch.Tensor, targets: torch.Tensor, world_size: int
 
     return [
         ([(total.log() - t).mean().item() for t in mine], "the target logit lives in one "
-         "rank's columns only: SUM it over the ranks (the others add 0)"),
+         "rank's columns only, yet every rank needs it for its loss: how can the rank that "
+         "holds it share it, when the others can contribute nothing?"),
         ([(s.log() - target).mean().item() for s in sums], "softmax's denominator runs over "
-         "the whole vocabulary: SUM the ranks' sums of exponentials"),
-        (same(local), "every rank must subtract the same number, the row's maximum over the "
-         "whole vocabulary: all-reduce the local maxima with op=dist.ReduceOp.MAX first"),
-        (same(total.log() - logits[rows, targets]), "you subtracted the maximum inside the "
-         "exponentials: subtract it from the target logit too (or add it back to the log)"),
+         "the whole vocabulary, and each rank's sum of exponentials covers only its slice"),
+        (same(local), "exponentials from different ranks can be added only if every rank "
+         "shifted its logits by the same number; each rank's own maximum differs from rank to "
+         "rank, the row's maximum over the whole vocabulary does not"),
+        (same(total.log() - logits[rows, targets]), "the log of the shifted exponentials is "
+         "the log-sum-exp less the shift: the target logit must be measured from the same "
+         "shift"),
         ([right.sum().item()] * world_size, "F.cross_entropy averages over the tokens (its "
-         "reduction='mean'): divide the sum by the number of tokens"),
+         "reduction='mean'); this is their sum"),
     ]
 
 
@@ -125,8 +128,8 @@ def _raise_rank_error(results: list[object], world_size: int) -> None:
     text = str(error).lower()
     hint = ("these ranks have no default group: pass group=group to every call"
             if "default process group" in text else
-            "only targets in [start, end) are columns of local_logits: index with targets - "
-            "start where they are inside, 0 elsewhere (torch.where), and zero the others"
+            "only targets in [start, end) are columns of local_logits, counted from start: a "
+            "target outside them is on another rank, and must not index this one's columns"
             if isinstance(error, IndexError) or "index" in text else
             "pass group=group to every call; dist.all_reduce works in place, on a tensor")
     raise Wrong(f"With {world_size} ranks, rank {rank} raised {type(error).__name__}: {error}",
@@ -161,14 +164,16 @@ def _check_value(got: object, rank: int, world_size: int, want: float,
     value = got.detach().float().item()
     if not torch.isfinite(torch.tensor(value)):
         raise Wrong(f"{call} returned {value} for logits in the hundreds",
-                    "exp overflows float32 past 88.7: subtract each row's maximum (over the "
-                    "whole vocabulary) before exp; small logits hide this")
+                    "exp overflows float32 past 88.7. Softmax does not change when every "
+                    "logit of a row moves by the same amount, so the row's maximum (over the "
+                    "whole vocabulary) can be moved to 0 first; small logits hide this")
     if abs(value - want) <= LOSS_RTOL * abs(want):
         return
     hint = next((h for losses, h in mistakes
                  if abs(value - losses[rank]) <= 1e-4 * max(1.0, abs(losses[rank]))),
-                "loss = log(sum of exp(logit - max)) + max - target logit, per token, then "
-                "the mean; each of the three terms needs the whole vocabulary")
+                "per token, cross-entropy is the log of softmax's denominator less the "
+                "target's logit, both measured from one shift; each needs the whole "
+                "vocabulary, which no rank holds alone")
     raise Wrong(f"{call} = {value:.6g}; F.cross_entropy on the full logits gives {want:.6g}",
                 hint)
 

@@ -29,7 +29,13 @@ from helpers.memory.estimate import (
     estimate_transformer,
     layers_of,
 )
-from helpers.memory.ledger import DeviceMemory, Ledger, compare_ledgers, comparison_table
+from helpers.memory.ledger import (
+    DeviceMemory,
+    Ledger,
+    agreement_table,
+    compare_ledgers,
+    comparison_table,
+)
 from helpers.memory.measure import measure_training_memory
 from helpers.memory.optimizers import OPTIMIZERS
 from helpers.memory.parameters import (
@@ -55,6 +61,7 @@ __all__ = [
     "Ledger",
     "SavedTensorMeter",
     "TransformerShape",
+    "agreement_table",
     "compare_ledgers",
     "comparison_table",
     "estimate_layers",

@@ -109,3 +109,22 @@ def comparison_table(measured: Ledger, estimated: Ledger) -> str:
         lines.append(f"{r['row']:<{width}} {r['kind']:<16}{format_bytes(r['measured']):>12}"
                      f"{format_bytes(r['estimated']):>12}{r['ratio']:>10.3f}")
     return "\n".join(lines)
+
+
+def agreement_table(measured: Ledger, predicted: Ledger, title: str = "") -> str:
+    """The measured ledger, each cell marked ✓ where the prediction is the same number of
+    bytes and ✗ where it is not; the predictions that differ are listed below the table."""
+    rows = compare_ledgers(measured, predicted)
+    width = max([len(n) for n in measured.rows] + [6])
+    heads = ["weights", "grads", "optimizer", "activations", "total"]
+    lines = [title] if title else []
+    lines.append(f"{'':<{width}}" + "".join(f"{h:>15}" for h in heads))
+    wrong = []
+    for name in measured.rows:
+        cells = [(r["kind"], r["measured"], r["estimated"]) for r in rows if r["row"] == name]
+        cells.append(("total", measured[name].total, predicted[name].total))
+        marks = [f"{format_bytes(m)} {'✓' if m == e else '✗'}" for _, m, e in cells]
+        lines.append(f"{name:<{width}}" + "".join(f"{t:>15}" for t in marks))
+        wrong += [f"  {name} {kind}: predicted {format_bytes(e)}"
+                  for kind, m, e in cells if m != e]
+    return "\n".join(lines + wrong)

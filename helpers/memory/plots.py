@@ -30,12 +30,18 @@ def memory_bars(
     """
     if unit not in UNITS or not panels or not all(panels.values()):
         raise ValueError(f"unit {unit!r} (valid: {', '.join(UNITS)}) and non-empty panels needed")
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels) + 1.5, 4.2), squeeze=False)
+    # 7.5 inches at most: the saved PNG stays within a notebook's output area (950 px)
+    fig, axes = plt.subplots(1, len(panels), figsize=(min(7.5, 3.4 * len(panels) + 0.7), 4.2),
+                             squeeze=False)
+    # one legend entry per kind that some bar holds (plain SGD has no optimizer state)
+    kinds = [k for k in KINDS if any(getattr(m, k) for bars in panels.values()
+                                     for m in bars.values())]
     for ax, (name, bars) in zip(axes[0], panels.items(), strict=True):
         bottom = np.zeros(len(bars))
-        for kind in KINDS:
+        for kind in kinds:
             values = np.array([getattr(m, kind) for m in bars.values()]) / UNITS[unit]
-            ax.bar(list(bars), values, 0.6, bottom=bottom, label=LABELS[kind])
+            ax.bar(list(bars), values, 0.6, bottom=bottom, label=LABELS[kind],
+                   color=f"C{KINDS.index(kind)}")  # a kind keeps its colour in every chart
             bottom += values
         if cap:
             ax.set_ylim(0, cap)
@@ -52,9 +58,9 @@ def memory_bars(
         ax.set_axisbelow(True)
         ax.tick_params(axis="x", labelrotation=20 if len(bars) > 2 else 0, labelsize=8)
     handles, labels = axes[0][-1].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8,
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 3), fontsize=8,
                bbox_to_anchor=(0.5, -0.02))
     if title:
         fig.suptitle(title)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.tight_layout(rect=(0, 0.08 if len(labels) > 3 else 0.06, 1, 1))
     return save_figure(fig, path)

@@ -55,9 +55,8 @@ class StagedModel(nn.Module):
         super().__init__()
         stages = split_layers(layers, split_points)
         if len(devices) != len(stages):
-            raise ValueError(
-                f"{len(stages)} stages but {len(devices)} devices given; valid: one device per stage"
-            )
+            raise ValueError(f"{len(stages)} stages but {len(devices)} devices given; "
+                             "valid: one device per stage")
         self.devices = [torch.device(d) for d in devices]
         self.stages = nn.ModuleList(
             stage.to(d) for stage, d in zip(stages, self.devices, strict=True)

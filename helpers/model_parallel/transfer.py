@@ -8,11 +8,12 @@ import torch
 
 from helpers.core.timing import measure
 
-# Theoretical peak bandwidth per direction, in GB/s (vendor specifications).
+# Theoretical peak bandwidth per direction, in GB/s: half of what NVIDIA's H100 page
+# (https://www.nvidia.com/en-us/data-center/h100/) lists for both directions together,
+# PCIe Gen5 128 GB/s and NVLink 900 GB/s (H100 SXM).
 LINKS_GB_S = {
-    "PCIe 4.0 x16": 32.0,
     "PCIe 5.0 x16": 64.0,
-    "NVLink 4 (H100/H200)": 450.0,
+    "NVLink 4 (H100 SXM)": 450.0,
 }
 
 

@@ -65,15 +65,16 @@ class OffloadFolder:
         return self.path / f"{name}.dat"
 
     def describe(self) -> str:
-        """One line: where, how many tensors, how many bytes; checksums verified."""
+        """Two lines: where, how many tensors, how many bytes; checksums verified."""
         return (
-            f"{display_path(self.path)}/: {len(self.tensors)} tensor files + index.json + {MANIFEST}, "
-            f"{self.nbytes:,} bytes, every file verified against its SHA-256"
+            f"{display_path(self.path)}/: {len(self.tensors)} tensor files + index.json + "
+            f"{MANIFEST},\n  {self.nbytes:,} bytes, every file verified against its SHA-256"
         )
 
 
 def write_offload_folder(tensors: Mapping[str, torch.Tensor], folder: str | Path) -> OffloadFolder:
-    """Offload ``tensors`` to ``folder`` (accelerate's format), atomically; reuse it if it matches."""
+    """Offload ``tensors`` to ``folder`` (accelerate's format) atomically; reuse it if it
+    matches."""
     offload_state_dict = require("accelerate.utils", "disk offload").offload_state_dict
     if not tensors:
         raise ValueError("nothing to offload: the device map sends no tensor to 'disk'")
@@ -219,16 +220,18 @@ def dispatch_with_offload(
 def parameter_listing(
     model: nn.Module, device_map: Mapping[str, Device], offload: OffloadFolder | None = None
 ) -> str:
-    """Each parameter's index, device and dtype as the source prints them, and where its data is."""
+    """Each parameter's index, device and dtype as the source prints them, and where its data
+    is (for a parameter on disk, its file in the offload folder, named in the header)."""
     placed = tensor_devices(model, device_map)
     width = max(len(n) for n, _ in model.named_parameters())
-    lines = [f"{'#':>3}  {'parameter':<{width}}  {'device':<7} {'dtype':<14} data"]
+    lines = [f"(disk: a file in {display_path(offload.path)}/)"] if offload is not None else []
+    lines.append(f"{'#':>3}  {'parameter':<{width}}  {'device':<7} {'dtype':<14} data")
     for i, (name, p) in enumerate(model.named_parameters()):
         if p.device.type != "meta":
             where = f"in memory on {p.device}"
         elif placed[name] == "disk" and offload is not None:
-            where = f"on disk: {display_path(offload.file_of(name))}"
+            where = f"disk: {offload.file_of(name).name}"
         else:
-            where = f"offloaded to {placed[name]}, copied to the execution device for each forward"
+            where = f"{placed[name]}, copied in for each forward"
         lines.append(f"{i:>3}  {name:<{width}}  {str(p.device):<7} {str(p.dtype):<14} {where}")
     return "\n".join(lines)

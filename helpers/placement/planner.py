@@ -140,8 +140,9 @@ def plan_device_map(
             balanced = "" if budgets == asked else f" (balanced by {strategy!r}: {budgets})"
             raise DoesNotFitError(
                 f"{name!r} ({type(obj).__name__}, {format_bytes(sizes[name])}) fits on none of "
-                f"the devices left in max_memory = {dict(max_memory)!r}{balanced}; valid: budgets "
-                f"that leave room for it on some device, or add (or enlarge) 'disk' to take the rest"
+                f"the devices left in max_memory = {dict(max_memory)!r}{balanced}; valid: "
+                "budgets that leave room for it on some device, or add (or enlarge) 'disk' to "
+                "take the rest"
             )
     return plan
 

@@ -32,7 +32,8 @@ def llama_plans(sequence_parallel: bool) -> tuple[dict, dict]:
            "head": ColwiseParallel(input_layouts=between, output_layouts=Shard(-1),
                                    use_local_output=False)}
     block = {"attn.q_proj": ColwiseParallel(), "attn.k_proj": ColwiseParallel(),
-             "attn.v_proj": ColwiseParallel(), "attn.o_proj": RowwiseParallel(output_layouts=between),
+             "attn.v_proj": ColwiseParallel(),
+             "attn.o_proj": RowwiseParallel(output_layouts=between),
              "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
              "mlp.down_proj": RowwiseParallel(output_layouts=between)}
     if sequence_parallel:

@@ -24,6 +24,7 @@ from helpers.torchrun.launcher import (
     free_port,
     kill_group,
     new_log_dir,
+    rank_logs,
     rank_tail,
     read_result,
     root_cause,
@@ -31,6 +32,7 @@ from helpers.torchrun.launcher import (
     validate_port,
 )
 from helpers.torchrun.lifeline import child_of_this_process
+from helpers.torchrun.status import LaunchStatus
 
 RENDEZVOUS = ("static", "c10d")
 
@@ -98,11 +100,18 @@ def _start(cmd: list[str], log: Path, env: dict) -> subprocess.Popen:
         )
 
 
-def _wait(agents: dict[int, subprocess.Popen], timeout: float) -> list[tuple[int, int]] | None:
-    """(node, exit code) in the order the agents ended, until all end or one fails; None on timeout."""
+def _wait(agents: dict[int, subprocess.Popen], timeout: float,
+          status: LaunchStatus | None = None, log_dir: Path | None = None
+          ) -> list[tuple[int, int]] | None:
+    """(node, exit code) in the order the agents ended, until all end or one fails; None on
+    timeout. ``status`` shows the last line rank 0 printed (whichever node it is on: the
+    local rank 0 whose stdout is not empty)."""
     deadline = time.monotonic() + timeout
     ended: list[tuple[int, int]] = []
     while time.monotonic() < deadline:
+        if status is not None and log_dir is not None:
+            status.update(next((p for p in rank_logs(log_dir, 0)
+                                if p.name.startswith("stdout") and p.stat().st_size), None))
         for i, agent in agents.items():
             code = agent.poll()
             if code is not None and i not in dict(ended):
@@ -152,7 +161,11 @@ def launch_nodes(
             typed.append(" ".join(cmd))
             cmd[1:1] = [f"--log-dir={log_dir / f'node{i}'}", "--redirects=3", "--max-restarts=0"]
             agents[i] = _start(cmd, log_dir / f"node{i}" / "launcher.log", environment)
-        ended = _wait(agents, timeout)
+        status = LaunchStatus(module, len(ranks) * nproc_per_node)
+        try:
+            ended = _wait(agents, timeout, status, log_dir)
+        finally:
+            status.close()
     finally:
         for agent in agents.values():
             kill_group(agent, grace=1.0)  # ends every agent and worker, whatever happened

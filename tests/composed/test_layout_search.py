@@ -17,7 +17,12 @@ from helpers.composed.layout_search import (
     search_layouts,
     valid_tp,
 )
-from helpers.composed.published_layouts import PUBLISHED, PublishedLayout, format_published
+from helpers.composed.published_layouts import (
+    PUBLISHED,
+    PublishedLayout,
+    cite,
+    format_published,
+)
 from helpers.memory import LLAMA_7B_SHAPE, LLAMA_70B_SHAPE
 from helpers.memory.fits import ClusterLayout, per_gpu
 from helpers.memory.ledger import DeviceMemory
@@ -158,9 +163,11 @@ def test_the_table_and_the_chart(tmp_path):
     searches = [search_layouts(SHAPES[m], n, model=m) for m, n in GRID]
     text = format_search(searches)
     assert len(text.splitlines()) == 1 + len(GRID)
-    assert "none (closest: TP 8 + recompute)" in text and "FSDP 64 + recompute" in text
+    assert "none; closest TP 8 + recompute" in text and "FSDP 64 + recompute" in text
+    assert max(map(len, text.splitlines())) <= 100  # fits a notebook's output area
     path = search_chart(searches, tmp_path / "search.png", title="t")
     assert path.read_bytes().startswith(b"\x89PNG")
+    assert int.from_bytes(path.read_bytes()[16:20], "big") <= 950  # JupyterLab's output width
     with pytest.raises(ValueError, match="valid: a non-empty list"):
         search_chart([], tmp_path / "none.png")
 
@@ -174,7 +181,9 @@ def test_published_layouts_are_consistent_and_pinned():
             assert len(row.url.split("/blob/")[1].split("/")[0]) == 40  # a commit, not a branch
     paper = [r for r in PUBLISHED if "2407.21783" in r.url]
     assert all(r.global_batch * r.seq == 2**24 for r in paper)  # Table 4's "16M" tokens
-    assert format_published().count("https://") == len(PUBLISHED)
+    text = format_published()
+    assert all(cite(r.url) in text for r in PUBLISHED) and max(map(len, text.splitlines())) <= 100
+    assert cite(PUBLISHED[0].url) == "pytorch/torchtitan@157a12c docs/performance.md"
     with pytest.raises(ValueError, match="not the 64 GPUs it states"):
         PublishedLayout("x", "u", "m", "h", 64, tp=8, pp=2, dp=2, sharding="FSDP", recompute="")
     with pytest.raises(ValueError, match="per_dp \\* dp == global_batch"):

@@ -28,6 +28,14 @@ from helpers.models.llama import build_lm, lm_config
 from helpers.runs.contract import launch
 from helpers.runs.data_parallel.config import DataParallelConfig
 from helpers.runs.data_parallel.measured import BucketSpan
+from helpers.runs.data_parallel.memory_tables import ledger_table
+from helpers.runs.data_parallel.report import (
+    bucket_lines,
+    bytes_table,
+    fit_lines,
+    sweep_table,
+    traffic_lines,
+)
 from helpers.runs.data_parallel.results import ZERO_STAGE, DataParallelResult
 from helpers.runs.data_parallel.sweep import collective_call
 from helpers.runs.data_parallel.traffic import (
@@ -264,9 +272,38 @@ def test_every_technique_on_two_processes_equals_one_process_and_its_prediction(
         assert fits[1]["reduce_scatter"].beta_s_per_byte == pytest.approx(
             2 * fits[0]["reduce_scatter"].beta_s_per_byte)
     assert result.no_sync_all_reduces == [0, 1] and result.first_step_buckets == 1
+    assert [p.what for p in result.no_sync_proofs] == ["grads", "weights"] and result.no_sync_ok
+    for row in result.sweep:  # what a fit's predict takes: gloo's payload, plus its headers
+        sent = result.sent_bytes(row.collective, row.nbytes)
+        assert row.gloo[0] <= sent and (row.wire is None or row.wire[0] <= sent), row
+    text = [sweep_table(result), fit_lines(result), bucket_lines(result), bytes_table(result),
+            traffic_lines(result), result.fsdp_parameter.line(), result.tracker_table(),
+            ledger_table(measured, predicted), result.proof_lines()]
+    assert max(len(line) for t in text for line in t.splitlines()) <= 100  # an output area
     assert result.gloo_threads == 2  # a default gloo group's worker threads
     fsdp = result.runs["FSDP2"].tracker
     assert fsdp.sharded_params == result.weight_bytes // 2
     # stage 2's gradients and stage 3's weights: half, plus one whole unit (a block here)
     block = 4 * sum(p.numel() for p in build_lm(config.model).blocks[0].parameters())
     assert measured["ZeRO-2"].grads == measured["ZeRO-3"].weights == result.weight_bytes // 2 + block
+
+
+def test_the_memory_tables_fit_an_output_area_and_mark_a_prediction_that_differs():
+    from helpers.memory import LLAMA_7B_SHAPE, LLAMA_70B_SHAPE, measure_training_memory
+    from helpers.memory.fits import LAYOUTS, fits_table
+    from helpers.memory.ledger import DeviceMemory, Ledger
+    from helpers.memory.torch_trackers import track_step
+    from helpers.models.toy import ToyModel
+    from helpers.runs.data_parallel.memory_tables import fits_lines, tracker_lines
+
+    card = 80 * 2**30
+    rows = fits_table({"Llama-7B": LLAMA_7B_SHAPE, "Llama-70B": LLAMA_70B_SHAPE},
+                      gpu_bytes=card, seq=4096, layouts=LAYOUTS)
+    toy, x, y = ToyModel("cpu", "cpu", 64, 8, 4), torch.randn(4, 64), torch.randn(4, 4)
+    row = next(iter(measure_training_memory(toy, x, y, optimizer="adam").rows.values()))
+    one = Ledger({"DDP": DeviceMemory(1, 2, 3, 4)})
+    other = Ledger({"DDP": DeviceMemory(1, 2, 5, 4)})
+    texts = [fits_lines(rows, card), tracker_lines(track_step(toy, x, y, optimizer="adam"), row),
+             ledger_table(one, one), ledger_table(one, other)]
+    assert max(len(line) for t in texts for line in t.splitlines()) <= 100
+    assert texts[2].endswith("✓") and texts[3].endswith("✗\n  predicted: optimizer_state 5 B")

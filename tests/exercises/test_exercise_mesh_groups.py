@@ -102,7 +102,8 @@ def test_a_wrong_layout_names_the_dimension_and_what_was_expected(wrong, dim, wo
     assert feedback.status == "wrong", feedback
     assert f"[{dim}]" in feedback.message and "DeviceMesh forms" in feedback.message
     assert "(pp, dp, tp) = (" in feedback.message
-    assert words in feedback.hint and "tp varies fastest" in check_mesh_groups(swapped).hint
+    assert words in feedback.hint and "varies fastest" in check_mesh_groups(swapped).hint
+    assert "* tp +" not in feedback.hint  # the principle, never the formula
 
 
 @pytest.mark.parametrize(("wrong", "words"), [
@@ -137,3 +138,12 @@ def test_a_live_process_group_is_refused_and_kept():
     finally:
         dist.destroy_process_group()
         sys.excepthook = hook
+
+
+def test_groups_numbered_in_another_order_are_told_which_varies_fastest():
+    from helpers.exercises.mesh_groups import _groups_in_order, _hint
+
+    sizes = {"pp": 2, "dp": 1, "tp": 4}
+    got = _groups_in_order(sizes, ("tp", "dp", "pp"), "tp")  # pp varying fastest
+    hint = _hint("tp", got, torch_groups(2, 1, 4), sizes)
+    assert "pp varying fastest" in hint and "tp, is the innermost" in hint

@@ -416,3 +416,19 @@ def test_fits_chart_saves_a_chart_and_refuses_no_rows(tmp_path):
     assert path.stat().st_size > 0
     with pytest.raises(ValueError, match="no rows"):
         fits_chart([], tmp_path / "none.png", gpu_bytes=1)
+
+
+def test_the_agreement_table_marks_each_cell_and_lists_the_predictions_that_differ():
+    from helpers.memory.ledger import DeviceMemory, Ledger, agreement_table
+
+    measured = Ledger({"dev0": DeviceMemory(4096, 4096, 0, 2048),
+                       "dev1": DeviceMemory(8, 8, 16, 32)})
+    same = Ledger({n: DeviceMemory(r.weights, r.grads, r.optimizer_state, r.activations)
+                   for n, r in measured.rows.items()})
+    table = agreement_table(measured, same, "title")
+    assert table.splitlines()[0] == "title" and table.count("✓") == 10 and "✗" not in table
+    off = Ledger({**same.rows, "dev1": DeviceMemory(8, 8, 16, 40)})
+    lines = agreement_table(measured, off).splitlines()
+    assert sum(line.count("✗") for line in lines) == 2  # activations and total
+    assert lines[-2:] == ["  dev1 activations: predicted 40 B", "  dev1 total: predicted 72 B"]
+    assert max(map(len, lines)) <= 100

@@ -142,19 +142,28 @@ def test_a_launch_on_another_number_of_ranks_is_refused(monkeypatch):
 @pytest.mark.torchrun
 @pytest.mark.slow
 def test_every_schedule_is_proven_and_timed_on_two_ranks():
-    config = SchedulesConfig(microbatches=4, batch=32, width=32, blocks=4, steps=1)
+    config = SchedulesConfig(microbatches=4, batch=32, width=32, blocks=4, warmup=1, steps=2)
     result = launch(config, timeout=300)
     assert isinstance(result, SchedulesResult) and result.config == config
     assert list(result.runs) == ["gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"]
     assert result.proofs_ok and result.replays_match_formulas, result.proof_table()
+    split = result.cost_split_report()
     for name, run in result.runs.items():
         kinds = {a["kind"] for a in run.actions}
         assert kinds >= ({"F", "I", "W"} if name == "zero_bubble" else {"F", "B"}), name
         assert run.ideal_idle_fraction == pytest.approx(run.bubble_theory), name
+        assert len(run.times_s) == config.steps, name
+        # the timed steps carry no memory meter; the metered step, untimed, does
+        assert all(a["live_bytes"] == 0 for a in run.actions), name
+        assert max(a["live_bytes"] for a in run.memory_actions) > 0, name
+        assert {a["kind"] for a in run.memory_actions} <= {"F", "B", "I", "W"}, name
+    table = result.table()
+    assert "±" in table and "after 1 untimed warm-up step(s)" in table, table
+    assert all(len(line) <= 100 for report in (table, result.transfers_table(), split)
+               for line in report.splitlines())
     batch_bytes = 32 * 32 * 4  # the input batch, held whole on the first rank
     gpipe, one_f = (peak[0] - batch_bytes for peak in result.peaks("gpipe", "1f1b"))
     assert one_f / gpipe == pytest.approx(2 / 4, rel=0.02)
-    split = result.cost_split_report()
     assert "zero_bubble, rank 0: I/F = " in split and "zero_bubble, rank 1: I/F = " in split
     assert "with I = W = F (formula and replay)" in split
     assert result.transfers_ok, result.transfers_table()
@@ -194,7 +203,7 @@ def test_the_transfers_verdict_allows_exactly_gloos_headers():
 
 
 def test_the_config_round_trips_through_the_workers_command_line():
-    config = SchedulesConfig(8, 64, width=16, blocks=4, steps=2, processes=2,
+    config = SchedulesConfig(8, 64, width=16, blocks=4, warmup=1, steps=2, processes=2,
                              schedules=("gpipe", "zero_bubble"), lr=0.5)
     assert SchedulesConfig.from_args(config.args()) == config
     assert SchedulesConfig.from_dict(config.to_dict()) == config
@@ -208,7 +217,15 @@ def test_the_lesson_config_follows_the_profile():
     config = SchedulesConfig.for_profile(profile, processes=2)
     assert (config.microbatches, config.batch, config.width, config.blocks) == (
         s.microbatches, s.batch, s.width, s.blocks)
-    assert config.steps == profile.repeats and config.ranks() == 2
+    assert config.steps == profile.repeats and config.warmup == profile.warmup
+    assert config.ranks() == 2
+
+
+@pytest.mark.parametrize("changes", [{"warmup": -1}, {"steps": 0}])
+def test_a_negative_warm_up_or_no_timed_step_is_refused(changes):
+    config = SchedulesConfig(microbatches=4, batch=32, width=8, blocks=4, **changes)
+    with pytest.raises(ValueError, match="valid: warmup >= 0 and steps >= 1"):
+        config.validate(2)
 
 
 # started without torchrun: tests/torchrun/test_launch.py::test_every_worker_started_without_torchrun_...

@@ -476,7 +476,7 @@ def test_dispatch_with_disk_offload_equals_single_device(tmp_path):
     for name, p in model.named_parameters():
         assert (p.device.type == "meta") == (name in on_disk)
     listing = parameter_listing(model, device_map, offload)
-    assert "meta" in listing and "on disk: " in listing and "head.weight.dat" in listing
+    assert "meta" in listing and "disk: head.weight.dat" in listing
     assert "torch.float32" in listing and "in memory on cpu" in listing
     assert sorted(p.name for p in folder.parent.iterdir()) == ["lm"]  # nothing else left
 
@@ -566,3 +566,25 @@ def test_without_max_memory_auto_keeps_a_tenth_of_one_gpu_free():
     assert auto[0][0] == pytest.approx(0.9 * free[0]) and sequential[0][0] == free[0]
     on_gpu = [sum(d == 0 for d in plan.values()) for _, plan in (auto, sequential)]
     assert on_gpu[0] < on_gpu[1]
+
+
+def test_a_refusal_is_printed_in_lines_that_fit_an_output_area():
+    from helpers.runs.placement.report import caught
+
+    text = caught(ValueError("x = 'a' is not a size; valid forms: " + "a form, " * 30))
+    lines = text.splitlines()
+    assert lines[0] == "caught: x = 'a' is not a size" and lines[1].startswith("  valid forms:")
+    assert len(lines) > 2 and all(len(line) <= 100 for line in lines)
+    assert caught(ValueError("no choices here")) == "caught: no choices here"
+
+
+def test_the_offload_verdict_says_slower_only_beyond_the_spread():
+    from helpers.core.timing import Timing
+    from helpers.runs.placement.report import slower_verdict
+
+    one = Timing("one device", [1.0, 1.1, 0.9])
+    assert slower_verdict(Timing("disk", [2.0, 2.1, 1.9]), one).endswith("slower beyond the spread")
+    assert "within the spread" in slower_verdict(Timing("disk", [1.0, 1.3, 0.8]), one)
+    assert slower_verdict(Timing("disk", [0.5, 0.5, 0.5]), one).endswith("faster beyond the spread")
+    assert slower_verdict(Timing("disk", [2.0, 2.1, 1.9]), one).startswith(
+        "disk: 2.00x the time of one device")

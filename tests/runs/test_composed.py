@@ -121,12 +121,17 @@ def test_the_taught_loop_trains_without_a_harness_and_calls_its_hooks_in_order(t
 
 @pytest.mark.torchrun
 @pytest.mark.slow
-def test_the_3d_layout_trains_the_one_process_model_and_its_ranks_match_their_ledgers():
+def test_the_3d_layout_trains_the_one_process_model_and_its_ranks_match_their_ledgers(
+        tmp_path):
     """dp x tp x pp = 2 x 2 x 2 on 8 ranks, float64: every loss and the final weights
     within the named tolerances; every rank's memory, and the sizes of the calls it issues
     per mesh dimension, as predicted; its sockets carry gloo's bytes plus headers; no rank
-    keeps saved tensors from one step into the next."""
+    keeps saved tensors from one step into the next. Its tables and charts fit a
+    notebook's output area (100 characters, 950 pixels)."""
+    import struct
+
     from helpers.comm.wire import wire_unavailable
+    from helpers.runs.llama_3d import report
 
     run = launch(TrainerConfig(dp=2, tp=2, pp=2, steps=3, dtype="float64", **SMALL),
                  timeout=300)
@@ -140,6 +145,13 @@ def test_the_3d_layout_trains_the_one_process_model_and_its_ranks_match_their_le
     assert all(r.traffic.gloo[d] > r.traffic.ring[d] for r in run.ranks for d in ("dp", "tp"))
     assert all(r.wire_ok is (None if wire_unavailable() else True) for r in run.ranks)
     assert survivors() == []
+    texts = [run.report()] + [table([run]) for table in (
+        report.proof_table, report.ledger_table, report.sent_table, report.wire_table,
+        report.time_table)]
+    assert max(len(line) for text in texts for line in text.splitlines()) <= 100, texts
+    charts = [report.time_chart([run], tmp_path / "time.png", title="t"),
+              report.loss_chart([run], tmp_path / "loss.png", floor=1.0, title="t")]
+    assert all(struct.unpack(">I", c.read_bytes()[16:20])[0] <= 950 for c in charts)
 
 
 @pytest.mark.torchrun

@@ -31,7 +31,7 @@ class DataParallelConfig(RunConfig):
     batch: int = option(help="sequences per training step, over all ranks")
     seq: int = option(help="tokens per sequence")
     accumulation: int = option(2, "micro-batches per rank in the no_sync proof")
-    bucket_cap_mb: float = option(2.0, "DDP's bucket size (MB)")
+    bucket_cap_mb: float = option(2.0, "DDP's bucket size (MiB: DDP multiplies it by 2^20)")
     collective_sizes: tuple[int, ...] = option(
         (2**12, 2**16, 2**20, 2**22), "bytes of the full tensor each collective is timed at")
     repeats: int = option(5, "timed rounds per collective and size (the median is kept)")

@@ -44,9 +44,9 @@ class ShardedParameter(Record):
     dtype: str
 
     def line(self) -> str:
-        """What FSDP2 made of the parameter, in one line."""
-        return (f"{self.name}: a {self.type} with placements {self.placements}, {self.dtype}; "
-                f"rank 0 holds {self.local_shape} of {self.global_shape}")
+        """What FSDP2 made of the parameter, in two lines."""
+        return (f"{self.name}: a {self.type} with placements {self.placements}, {self.dtype};"
+                f"\n  rank 0 holds {self.local_shape} of {self.global_shape}")
 
 
 @dataclass(frozen=True)

@@ -4,15 +4,19 @@ backward with each bucket's all-reduce on one time axis."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.lines import Line2D
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
 from helpers.comm.collectives import COLLECTIVES
 from helpers.core.plotting import save_figure
 from helpers.runs.data_parallel.results import DataParallelResult
 
-ALLOWANCE = "gloo's headers (48 B a message, counted from its algorithms)"
+ALLOWED = "gloo's payload + [0, its headers] (48 B a message, counted from its algorithms)"
 THREE_WAYS = ("ring formula", "gloo's algorithms", "on the wire")
 
 
@@ -48,8 +52,30 @@ def sweep_table(result: DataParallelResult) -> str:
         per_rank = [_headers({h[q] for h in mine}) for q in range(result.world_size)]
         lines.append(f"  {name:<16}" + " / ".join(per_rank))
     ok = all(row.wire_ok for row in result.sweep)
-    lines.append(f"every call's wire within gloo's payload + [0, {ALLOWANCE}]: "
-                 f"{'OK' if ok else 'FAILED'}")
+    lines += [f"wire allowed: {ALLOWED}",
+              f"every call within it: {'OK' if ok else 'FAILED'}"]
+    return "\n".join(lines)
+
+
+def fit_lines(result: DataParallelResult) -> str:
+    """Per collective, the alpha-beta fit against what rank 0 sent, and its residuals."""
+    fits = result.fits()
+    sizes = len(next(iter(fits.values())).times_s)
+    lines = [f"{'':<15}{'alpha':>9}{'1/beta':>11}   residuals at the {sizes} sizes, "
+             "(measured - fit) / measured"]
+    for name, fit in fits.items():
+        lines.append(f"{name:<15}{fit.alpha_s * 1e6:>6.0f} us{fit.bandwidth / 1e9:>6.2f} GB/s   "
+                     + " ".join(f"{r:+.0%}" for r in fit.relative_residuals))
+    return "\n".join(lines)
+
+
+def bucket_lines(result: DataParallelResult) -> str:
+    """DDP's buckets from its second step on: bytes, and the parameters from first to last."""
+    lines = []
+    for b in result.buckets:
+        span = b.params[0] if len(b.params) == 1 else f"{b.params[0]} to {b.params[-1]}"
+        count = f"{len(b.params)} tensor{'s' if len(b.params) > 1 else ''}"
+        lines.append(f"  bucket {b.index}: {b.nbytes:>9,} B, {count:>10}: {span}")
     return "\n".join(lines)
 
 
@@ -71,9 +97,10 @@ def bytes_table(result: DataParallelResult) -> str:
     """Per run, what rank 0 sent in one step three ways, and each against DDP's."""
     measured, gloo = result.wire_reason is None, result.backend == "gloo"
     key = "on the wire" if measured else "gloo's algorithms" if gloo else "the ring formula"
-    head = (f"{'rank 0, one step':<18}{'calls':>6}" + "".join(f"{h:>19}" for h in THREE_WAYS)
-            + f"{'wire - gloo':>13}{'x DDP':>7}")
-    lines = [head, f"{'':<24}" + "".join(f"{h:>19}" for h in _under(result)) + f"{'':>13}"
+    head = (f"{'rank 0, one step':<17}{'calls':>6}" + "".join(f"{h:>19}" for h in THREE_WAYS)
+            + f"{'headers':>12}{'x DDP':>7}")
+    lines = [head, f"{'':<23}" + "".join(f"{h:>19}" for h in _under(result))
+             + f"{'(wire-gloo)':>12}"
              + f"{'(' + key.split()[-1] + ')':>7}"]
 
     def total(run) -> float:
@@ -87,8 +114,8 @@ def bytes_table(result: DataParallelResult) -> str:
         wire = f"{t.wire:,}" if t.wire is not None else "not read"
         excess = f"{t.wire - t.total_gloo:,.0f}" if t.wire is not None else "-"
         ratio = f"{total(run) / ddp:.2f}" if ddp else "-"
-        lines.append(f"{name:<18}{len(t.issued):>6}{t.total_ring:>19,.0f}{t.total_gloo:>19,.0f}"
-                     f"{wire:>19}{excess:>13}{ratio:>7}")
+        lines.append(f"{name:<17}{len(t.issued):>6}{t.total_ring:>19,.0f}{t.total_gloo:>19,.0f}"
+                     f"{wire:>19}{excess:>12}{ratio:>7}")
     if not measured:
         lines.append(f"({key} in the last column; the wire was not read: {result.wire_reason})")
     return "\n".join(lines)
@@ -97,29 +124,56 @@ def bytes_table(result: DataParallelResult) -> str:
 def traffic_lines(result: DataParallelResult) -> str:
     """Each run's bytes verdict, one line each, under the allowance it uses."""
     return "\n".join([f"calls: issued, with their sizes, against the plan from the model's "
-                      f"shapes\nwire: gloo's payload + [0, {ALLOWANCE}] per call",
+                      f"shapes\nwire, per call: {ALLOWED}",
                       *(check.line() for check in result.traffic_checks())])
+
+
+def _log_ticks(axis, low: float, high: float, steps: tuple[float, ...], label) -> None:
+    """Plain labels on a log axis: a tick at each of ``steps`` times a power of ten between
+    ``low`` and ``high``, written by ``label``; no minor labels."""
+    ticks = [m * 10.0**e for e in range(math.floor(math.log10(low)) - 1,
+                                       math.ceil(math.log10(high)) + 1) for m in steps]
+    axis.set_major_locator(FixedLocator([t for t in ticks if low <= t <= high]))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: label(v)))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _decimal_bytes(value: float) -> str:
+    for unit, size in (("MB", 1e6), ("kB", 1e3)):
+        if value >= size:
+            return f"{value / size:g} {unit}"
+    return f"{value:g} B"
 
 
 def plot_collectives(result: DataParallelResult, path: str | Path) -> Path:
     """Median time per call against the bytes rank 0 sent per call (log-log), each with its
     fit: on the wire where it was read, else by gloo's algorithms."""
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    handles, sent_all, times_all = [], [], []
     for (name, fit), marker in zip(result.fits().items(), "osd^", strict=True):
         sent = [b for b in fit.sent_bytes if b > 0]
-        times = [t for b, t in zip(fit.sent_bytes, fit.times_s, strict=True) if b > 0]
-        line = ax.plot(sent, [t * 1e3 for t in times], marker, label=f"{name} (measured)")[0]
-        ax.plot(sent, [fit.predict(b) * 1e3 for b in sent], "-", color=line.get_color(),
-                alpha=0.6, label=f"fit: {fit.alpha_s * 1e6:.0f} us + bytes / "
-                f"{fit.bandwidth / 1e9:.2f} GB/s")
+        times = [t * 1e3 for b, t in zip(fit.sent_bytes, fit.times_s, strict=True) if b > 0]
+        line = ax.plot(sent, times, marker, ls="none")[0]
+        dense = np.geomspace(min(sent), max(sent), 60)  # the straight line t(bytes), drawn log-log
+        ax.plot(dense, [fit.predict(b) * 1e3 for b in dense], "-", color=line.get_color(),
+                alpha=0.6)
+        handles.append(Line2D([], [], color=line.get_color(), marker=marker, label=(
+            f"{name}: α = {fit.alpha_s * 1e6:.0f} us, 1/β = {fit.bandwidth / 1e9:.2f} GB/s")))
+        sent_all += sent
+        times_all += times + [fit.predict(b) * 1e3 for b in sent]
     ax.set_xscale("log")
     ax.set_yscale("log")
+    _log_ticks(ax.xaxis, min(sent_all) / 1.5, max(sent_all) * 1.5, (1,), _decimal_bytes)
+    _log_ticks(ax.yaxis, min(times_all) / 1.5, max(times_all) * 1.5, (1, 2, 5),
+               lambda v: f"{v:g}")
     what = "on the wire" if result.wire_reason is None else "by gloo's algorithms"
     ax.set_xlabel(f"bytes rank 0 sent per call ({what})")
     ax.set_ylabel("time per call (ms, median)")
-    ax.set_title(f"Collectives on {result.world_size} {result.backend} ranks")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.set_title("A call costs a fixed α until its bytes take over")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(handles=handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16),
+              ncol=2, title=f"{result.world_size} {result.backend} ranks; markers: measured, "
+              "lines: fitted, t = α + β·bytes", title_fontsize=8, frameon=False)
     fig.tight_layout()
     return save_figure(fig, path)
 
@@ -127,20 +181,22 @@ def plot_collectives(result: DataParallelResult, path: str | Path) -> Path:
 def plot_ddp_timeline(result: DataParallelResult, path: str | Path) -> Path:
     """Rank 0's timed DDP step: the backward's compute, and each bucket's all-reduce."""
     t = result.timeline
-    fig, ax = plt.subplots(figsize=(8, 2.8))
+    fig, ax = plt.subplots(figsize=(7.5, 3.0))
     ms = 1e-6
     ax.broken_barh([(t.backward_start_ns * ms, (t.compute_end_ns - t.backward_start_ns) * ms)],
                    (len(t.buckets), 0.8), color="tab:blue", label="backward computing")
     for i, b in enumerate(t.buckets):
         ax.broken_barh([(b.start_ns * ms, (b.end_ns - b.start_ns) * ms)], (i, 0.8),
-                       color="tab:orange", label="bucket all-reduce" if i == 0 else None)
-        ax.text(b.end_ns * ms, i + 0.4, f" {b.nbytes / 2**20:.1f} MiB", va="center", fontsize=7)
+                       color="tab:orange", label="a bucket's all-reduce" if i == 0 else None)
     ax.axvline(t.backward_end_ns * ms, color="k", ls="--", lw=1, label="backward() returns")
     ax.set_yticks([i + 0.4 for i in range(len(t.buckets) + 1)],
-                  [f"bucket {b.index}" for b in t.buckets] + ["compute"])
-    ax.set_xlim(t.backward_start_ns * ms * 0.9, t.backward_end_ns * ms * 1.1)  # room for labels
+                  [f"bucket {b.index} ({b.nbytes / 2**20:.1f} MiB)" for b in t.buckets]
+                  + ["backward"])
+    span = (t.backward_end_ns - t.backward_start_ns) * ms
+    ax.set_xlim(t.backward_start_ns * ms - 0.05 * span, t.backward_end_ns * ms + 0.05 * span)
     ax.set_xlabel("time since the step started (ms)")
-    ax.set_title("DDP: each bucket's all-reduce starts when its last gradient is written")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title("Each bucket's all-reduce starts when its last gradient is written")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=3,
+              frameon=False)
     fig.tight_layout()
     return save_figure(fig, path)

@@ -22,7 +22,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from helpers.comm.collectives import COLLECTIVES, AlphaBeta, fit_alpha_beta, ring_bytes
+from helpers.comm.collectives import (
+    COLLECTIVES,
+    AlphaBeta,
+    fit_alpha_beta,
+    gloo_bytes,
+    ring_bytes,
+)
+from helpers.comm.headers import gloo_header_bytes
 from helpers.core.checks import Proof
 from helpers.core.sizes import format_bytes
 from helpers.memory.estimate import estimate_transformer
@@ -100,9 +107,11 @@ def bf16_proofs(*, output: float, grads: float, grads_vs_hand: float | None = No
     return proofs
 
 
-def no_sync_proof(lr: float, weights: float) -> Proof:
-    """DDP with ``no_sync()`` accumulation: its weights against one process."""
-    return Proof("weights", weights, weights_tolerance(lr))
+def no_sync_proofs(lr: float, *, grads: float, weights: float) -> list[Proof]:
+    """DDP with ``no_sync()`` accumulation against one process on the whole batch: the
+    gradients after the last micro-step (the sharp test: they carry the scale), then the
+    updated weights."""
+    return [Proof("grads", grads, PROOF_TOLERANCE), Proof("weights", weights, weights_tolerance(lr))]
 
 
 @dataclass(frozen=True)
@@ -141,7 +150,7 @@ class DataParallelResult(Record):
     timeline: Timeline  # DDP's last timed step
     overlap_cost: OverlapCost
     no_sync_all_reduces: list[int]
-    no_sync_proof: Proof
+    no_sync_proofs: list[Proof]  # gradients after the last micro-step, then weights
     fsdp_parameter: ShardedParameter | None = None
 
     @property
@@ -153,8 +162,13 @@ class DataParallelResult(Record):
     @property
     def ok(self) -> bool:
         """Every proof of the launch holds."""
-        return (all(p.ok for p in self.collective_checks) and self.no_sync_proof.ok
+        return (all(p.ok for p in self.collective_checks) and self.no_sync_ok
                 and all(r.ok for r in self.runs.values()))
+
+    @property
+    def no_sync_ok(self) -> bool:
+        """``no_sync()`` accumulation took one process's step: gradients and weights."""
+        return all(p.ok for p in self.no_sync_proofs)
 
     @property
     def weight_bytes(self) -> int:
@@ -197,6 +211,18 @@ class DataParallelResult(Record):
             out[name] = fit_alpha_beta(name, [self._bytes(row, against) for row in rows],
                                        medians)
         return out
+
+    def sent_bytes(self, collective: str, nbytes: int) -> float:
+        """Bytes rank 0 sends for one call of ``collective`` on a full tensor of ``nbytes``,
+        counted as :meth:`fits` counts them by default: where the wire was read, gloo's
+        payload plus its headers (:func:`~helpers.comm.headers.gloo_header_bytes`); else
+        gloo's payload, or on NCCL the ring formula. What a default fit's ``predict`` takes."""
+        if self.backend != "gloo":
+            return ring_bytes(collective, self.world_size, nbytes)
+        payload = gloo_bytes(collective, self.world_size, nbytes)
+        if self.wire_reason is not None:
+            return payload
+        return payload + gloo_header_bytes(collective, self.world_size, nbytes)
 
     def _bytes(self, row: CollectiveSize, against: str) -> float:
         if against == "sent" and row.wire is not None:

@@ -32,6 +32,13 @@ from helpers.runs.data_parallel.traffic import CollectiveSize
 from helpers.torchrun.ranks import Rank, max_over_ranks
 
 
+def say(rank: Rank, text: str) -> None:
+    """Print ``text`` on rank 0, at once: while a cell waits for the launch, the launcher
+    shows rank 0's last line."""
+    if rank.rank == 0:
+        print(text, flush=True)
+
+
 def collective_call(name: str, world_size: int, nbytes: int, device,
                     group=None) -> Callable[[], object]:
     """One call of collective ``name`` on a tensor of ``nbytes``, on buffers allocated once
@@ -52,13 +59,15 @@ def collectives_section(rank: Rank, config: DataParallelConfig, wire: bool) -> d
     put on this rank's sockets (if ``wire``)."""
     n, r, device = rank.world_size, rank.rank, rank.device
     checks = []
+    say(rank, f"checking the {len(COLLECTIVES)} collectives")
     for name in COLLECTIVES:
         inputs = [rank_input(q, 4 * n) for q in range(n)]
         got = run_collective(name, inputs[r].to(device), r, n)
         wrong = (got.cpu() - expected_result(name, inputs, r)).abs().max().item()
         checks.append(collective_check(name, max_over_ranks(wrong, rank)))
     rows = []
-    for name in COLLECTIVES:
+    for k, name in enumerate(COLLECTIVES, 1):
+        say(rank, f"timing {name} ({k} of {len(COLLECTIVES)})")
         for nbytes in config.collective_sizes:
             call = collective_call(name, n, nbytes, device)
             for _ in range(config.warmup):

@@ -41,11 +41,11 @@ from helpers.runs.data_parallel.results import (
     Run,
     bf16_proofs,
     fsdp_proofs,
-    no_sync_proof,
+    no_sync_proofs,
     step_proofs,
     zero_proofs,
 )
-from helpers.runs.data_parallel.sweep import collectives_section
+from helpers.runs.data_parallel.sweep import collectives_section, say
 from helpers.runs.data_parallel.traffic import NCCL_WIRE, CallLog, Traffic
 from helpers.torchrun.ranks import Rank, max_over_ranks
 
@@ -100,6 +100,7 @@ def ddp_section(rank: Rank, config: DataParallelConfig, model, ids, labels,
     timeline and the cost of its overlap (later steps, timed, no meter); the no_sync proof."""
     n, r = rank.world_size, rank.rank
     log = CallLog()
+    say(rank, f"DDP: 1 counted + {config.steps} timed steps")
     run = ddp_step(model, ids, labels, lr=config.lr, bucket_cap_mb=config.bucket_cap_mb,
                    rank=r, world_size=n, steps=config.steps, device=rank.device, meter=log)
     first, last = run["first"], run["timed"][-1]
@@ -109,6 +110,7 @@ def ddp_section(rank: Rank, config: DataParallelConfig, model, ids, labels,
                               rank),
         grads=max_over_ranks(max_diff(first["grads"], ref.grads), rank),
         weights=max_over_ranks(max_diff(first["weights"], ref.weights), rank))
+    say(rank, f"DDP: no_sync, {config.accumulation} micro-batches")
     accumulated = no_sync_step(model, ids, labels, lr=config.lr,
                                bucket_cap_mb=config.bucket_cap_mb, rank=r, world_size=n,
                                micro_steps=config.accumulation, device=rank.device)
@@ -125,8 +127,9 @@ def ddp_section(rank: Rank, config: DataParallelConfig, model, ids, labels,
         "overlap_cost": OverlapCost([_span_s(s, *compute) for s in run["timed"]],
                                     [_span_s(s, *compute) for s in run["silent"]]),
         "no_sync_all_reduces": accumulated["all_reduces"],
-        "no_sync_proof": no_sync_proof(config.lr, max_over_ranks(
-            max_diff(accumulated["weights"], ref.weights), rank)),
+        "no_sync_proofs": no_sync_proofs(
+            config.lr, grads=max_over_ranks(max_diff(accumulated["grads"], ref.grads), rank),
+            weights=max_over_ranks(max_diff(accumulated["weights"], ref.weights), rank)),
     }, first
 
 
@@ -143,7 +146,8 @@ def zero_section(rank: Rank, config: DataParallelConfig, model, ids, labels, ref
     x, y = rows_of(ids, r, n), rows_of(labels, r, n)
     mine = [(name, g.view(-1).chunk(n)[r]) for name, g in ref.grads]  # slice r of each
     runs, hand = {}, {}
-    for name, (stage, dtype) in ZERO_RUNS.items():
+    for k, (name, (stage, dtype)) in enumerate(ZERO_RUNS.items(), 1):
+        say(rank, f"hand {name} ({k} of {len(ZERO_RUNS)})")
         local = copy.deepcopy(model)
         zero = HandZero(local, fsdp_units(local), stage, lr=config.lr, param_dtype=dtype)
         log, meter = CallLog(), SavedTensorMeter(local)
@@ -188,7 +192,8 @@ def fsdp_section(rank: Rank, config: DataParallelConfig, model, ids, labels, ref
         "FSDP2 bf16": {"reshard_after_forward": True, "mp_policy": MixedPrecisionPolicy(
             param_dtype=torch.bfloat16, reduce_dtype=torch.float32)},
     }
-    for name, options in variants.items():
+    for k, (name, options) in enumerate(variants.items(), 1):
+        say(rank, f"{name} ({k} of {len(variants)})")
         sharded = shard(model, mesh, **options)
         if name == "FSDP2":
             parameter = ShardedParameter(
@@ -223,6 +228,7 @@ def main(config: DataParallelConfig, rank: Rank) -> DataParallelResult:
     torch.set_num_threads(1)  # one thread of compute per rank; nothing pins it to a core
     model = build_lm(config.model, seed=0).train().to(rank.device)
     ids, labels = global_batch(config, rank.device)
+    say(rank, "reference step (one process)")
     ref = reference_step(model, ids, labels, config.lr)
     wire_reason = NCCL_WIRE if rank.backend == "nccl" else wire_unavailable()
     wire = wire_reason is None
@@ -230,6 +236,7 @@ def main(config: DataParallelConfig, rank: Rank) -> DataParallelResult:
     ddp, ddp_first = ddp_section(rank, config, model, ids, labels, ref, wire)
     zero, hand = zero_section(rank, config, model, ids, labels, ref, ddp_first, wire)
     fsdp, parameter = fsdp_section(rank, config, model, ids, labels, ref, hand, wire)
+    say(rank, "done: sending the result")
     units = {u: [p.numel() * p.element_size() for m in ms for p in m.parameters()]
              for u, ms in fsdp_units(model).items()}
     return DataParallelResult(

@@ -43,6 +43,13 @@ def attempt() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
+def say(text: str) -> None:
+    """Print ``text`` on rank 0, at once: the launcher shows rank 0's last line while the
+    cell waits."""
+    if dist.get_rank() == 0:
+        print(text, flush=True)
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -54,13 +61,15 @@ class Instruments(Hooks):
     ``save_at``: the steps after which to save a checkpoint in ``config.checkpoint_dir``
     (default: every step, when it is set). ``resume_from``: a folder of checkpoints to
     start from (the one after ``resume_step``; default the newest), instead of
-    ``config.checkpoint_dir`` under ``config.resume``.
+    ``config.checkpoint_dir`` under ``config.resume``. ``progress`` (e.g. "run 3 of 9")
+    starts the lines rank 0 prints as the run goes.
     """
 
     def __init__(self, config: TrainerConfig, device: torch.device, *,
                  save_at: tuple[int, ...] = (), resume_from: str = "",
-                 resume_step: int | None = None) -> None:
+                 resume_step: int | None = None, progress: str = "") -> None:
         self.config, self.device, self.save_at = config, device, save_at
+        self.progress = f"{progress}, " if progress else ""
         self.resume_from, self.resume_step = resume_from, resume_step
         self.order = parameter_names(config.model)
         self.first, self.loaded_ok, self.step_s = 0, None, []
@@ -78,6 +87,8 @@ class Instruments(Hooks):
                                        group=state.group)
             self.first, state.losses[:] = manifest.step + 1, manifest.losses
             self.loaded_ok = self.fingerprint() == manifest.weights_sha256
+            again = f" (attempt {attempt()})" if attempt() else ""
+            say(f"{self.progress}resumed after {manifest.step + 1} of {config.steps} steps{again}")
         dims = {d: state.mesh[d].get_group() for d in DIMS if getattr(config.layout, d) > 1}
         self.comms = CommMeter(dims, timed=True, synchronize=self.device.type == "cuda")
         self.comms.wire = contextlib.nullcontext()  # its reads would fall inside the clock
@@ -102,6 +113,7 @@ class Instruments(Hooks):
         config = self.config
         if step == config.kill_step and dist.get_rank() == config.kill_rank and not attempt():
             os.kill(os.getpid(), signal.SIGKILL)  # what a crashed node looks like to the others
+        say(f"{self.progress}step {step + 1} of {config.steps}: {config.layout}")
         timed = step > self.first  # the first step warms up (and allocates); not timed
         self.meter.reset_peak()
         self.before = max(self.meter.live.values(), default=0)  # kept from an earlier step
@@ -146,6 +158,7 @@ class Instruments(Hooks):
     def record(self) -> LayoutRun:
         """Collective over the mesh: every rank's record, against the one-process run."""
         config, state = self.config, self.state
+        say(f"{self.progress}comparing to one process")
         coords = {d: state.mesh.get_local_rank(d) for d in ("pp", "dp", "tp")}
         ref = reference_run(config, self.device)
         diff, compared = compare_weights(state.module, ref.weights, state.group,
@@ -170,10 +183,11 @@ class Instruments(Hooks):
 
 def train_layout(config: TrainerConfig, ranks: list[int] | None = None, *,
                  device: torch.device = CPU, save_at: tuple[int, ...] = (),
-                 resume_from: str = "", resume_step: int | None = None) -> LayoutRun | None:
+                 resume_from: str = "", resume_step: int | None = None,
+                 progress: str = "") -> LayoutRun | None:
     """Collective over the whole launch; the run on ``ranks`` (default: all), recorded
     on those ranks, None on the others (``Instruments`` says what the options do)."""
     instruments = Instruments(config, device, save_at=save_at, resume_from=resume_from,
-                              resume_step=resume_step)
+                              resume_step=resume_step, progress=progress)
     state = train_3d(config, ranks, device=device, hooks=instruments)
     return None if state is None else instruments.record()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from helpers.core.plotting import plt, save_figure, stacked_bar_chart
+from helpers.core.plotting import plt, save_figure
 from helpers.core.sizes import format_bytes
 from helpers.runs.llama_3d.results import DIMS, LayoutRun
 
@@ -21,27 +21,37 @@ def proof_table(runs: list[LayoutRun]) -> str:
     return "\n".join(lines)
 
 
+def _marks(name: str, pairs: list[tuple[int, int]]) -> list[str]:
+    """A column headed ``name``: each measured value followed by "=" where it is the
+    predicted one, else by "≠" and the prediction."""
+    width = max(len(name), *(len(f"{m:,}") for m, _ in pairs))
+    marks = ["=" if m == p else f"≠ {p:,}" for m, p in pairs]
+    wide = max(map(len, marks))
+    return [f"{name:>{width}} {'':<{wide}}"] + [
+        f"{m:>{width},} {mark:<{wide}}" for (m, _), mark in zip(pairs, marks, strict=True)]
+
+
 def ledger_table(runs: list[LayoutRun]) -> str:
-    """Per layout and stage: each kind of memory, measured / predicted (bytes)."""
-    kinds = ("weights", "grads", "optimizer_state", "activations")
-    head = "".join(f"{k.replace('optimizer_state', 'optimizer'):>24}" for k in kinds)
-    lines = [f"{'layout':<20}{'stage':>6}{head}"]
-    for run in runs:
-        for r in run.stage_ranks():
-            cells = "".join(f"{getattr(r.measured, k):>11,} / {getattr(r.predicted, k):<10,}"
-                            for k in kinds)
-            lines.append(f"{str(run.layout):<20}{r.stage:>6}{cells}")
-    return "\n".join(lines)
+    """Per layout and stage: each kind of memory in bytes, measured, with "=" where the
+    prediction is the same and "≠ N" where it predicts N."""
+    kinds = {"weights": "weights", "grads": "gradients", "optimizer_state": "optimizer",
+             "activations": "activations"}
+    rows = [(str(run.layout), r) for run in runs for r in run.stage_ranks()]
+    columns = [_marks(name, [(getattr(r.measured, k), getattr(r.predicted, k))
+                             for _, r in rows]) for k, name in kinds.items()]
+    firsts = [f"{'layout':<19}{'stage':>6}"] + [f"{layout:<19}{r.stage:>6}" for layout, r in rows]
+    return "\n".join((first + "".join(f"  {c[k]}" for c in columns)).rstrip()
+                     for k, first in enumerate(firsts))
 
 
 def sent_table(runs: list[LayoutRun]) -> str:
     """Per layout and stage: the calls one rank issues per step along each mesh dimension
     and their bytes, by the ring formula and by gloo's algorithms (a pipeline's sends are
     the same either way)."""
-    spans = {"dp": 30, "tp": 30, "pp": 19}
-    top = f"{'':<26}" + "".join(f"  {f' {d} ':-^{spans[d] - 2}}" for d in DIMS)
-    head = (f"{'layout':<20}{'stage':>6}" + f"{'calls':>8}{'ring':>11}{'gloo':>11}" * 2
-            + f"{'calls':>8}{'bytes':>11}")
+    spans = {"dp": 28, "tp": 28, "pp": 17}
+    top = f"{'':<25}" + "".join(f"  {f' {d} ':-^{spans[d] - 2}}" for d in DIMS)
+    head = (f"{'layout':<19}{'stage':>6}" + f"{'calls':>6}{'ring':>11}{'gloo':>11}" * 2
+            + f"{'calls':>6}{'bytes':>11}")
     lines = [top, head]
     for run in runs:
         for r in run.stage_ranks():
@@ -50,28 +60,48 @@ def sent_table(runs: list[LayoutRun]) -> str:
                 if d not in r.predicted_ring:
                     cells += f"{'-':>{spans[d]}}"
                 elif d == "pp":
-                    cells += f"{t.calls[d]:>8.0f}{format_bytes(t.ring[d]):>11}"
+                    cells += f"{t.calls[d]:>6.0f}{format_bytes(t.ring[d]):>11}"
                 else:
-                    cells += (f"{t.calls[d]:>8.0f}{format_bytes(t.ring[d]):>11}"
+                    cells += (f"{t.calls[d]:>6.0f}{format_bytes(t.ring[d]):>11}"
                               f"{format_bytes(t.gloo[d]):>11}")
-            lines.append(f"{str(run.layout):<20}{r.stage:>6}{cells}")
+            lines.append(f"{str(run.layout):<19}{r.stage:>6}{cells}")
     return "\n".join(lines)
 
 
 def wire_table(runs: list[LayoutRun]) -> str:
     """Per layout and stage: one rank's bytes per step, all dimensions together, by the
-    ring formula, by gloo's algorithms, and on its sockets, with gloo's headers."""
-    lines = [f"{'layout':<20}{'stage':>6}{'ring formula':>14}{'gloo algorithms':>17}"
-             f"{'on the wire':>14}{'wire - gloo':>13}{'header bound':>14}"]
+    ring formula, by gloo's algorithms, and on its sockets; the wire's excess over gloo's
+    payload beside the most gloo's headers can add ("=" where it is exactly that)."""
+    lines = [f"{'layout':<19}{'stage':>6}{'ring formula':>14}{'gloo algorithms':>17}"
+             f"{'on the wire':>14}{'wire - gloo':>13}  header bound"]
     for run in runs:
         for r in run.stage_ranks():
             t = r.traffic
             ring, gloo = sum(t.ring.values()), t.total_gloo
             wire = "not read" if t.wire is None else f"{t.wire:,.0f}"
             extra = "" if t.wire is None else f"{t.wire - gloo:,.0f}"
-            lines.append(f"{str(run.layout):<20}{r.stage:>6}{ring:>14,.0f}{gloo:>17,.0f}"
-                         f"{wire:>14}{extra:>13}{t.headers:>14,.0f}")
+            bound = "=" if t.wire is not None and t.wire - gloo == t.headers else (
+                f"{t.headers:,.0f}")
+            lines.append(f"{str(run.layout):<19}{r.stage:>6}{ring:>14,.0f}{gloo:>17,.0f}"
+                         f"{wire:>14}{extra:>13}  {bound:>12}")
     return "\n".join(lines)
+
+
+def shell_command(words: list[str], width: int = 90) -> str:
+    """A command as a shell takes it, over lines of at most ``width`` characters joined by
+    " \\": each flag kept on one line with its value."""
+    units: list[str] = []
+    for word in words:
+        if units and not word.startswith("-") and units[-1].startswith("--"):
+            units[-1] += f" {word}"  # a flag's value
+        else:
+            units.append(word)
+    lines = [""]
+    for unit in units:
+        if lines[-1] and len(lines[-1]) + 1 + len(unit) > width - 6:
+            lines.append("")
+        lines[-1] += f" {unit}" if lines[-1] else unit
+    return " \\\n    ".join(lines)
 
 
 def time_table(runs: list[LayoutRun]) -> str:
@@ -91,8 +121,9 @@ def time_table(runs: list[LayoutRun]) -> str:
 
 
 def time_chart(runs: list[LayoutRun], path: str | Path, *, title: str) -> Path:
-    """Rank 0's mean step, stacked: the time in each dimension's traffic, then the rest."""
-    labels = [str(r.layout).replace(" x ", "\n") for r in runs]
+    """Rank 0's mean step, one horizontal bar per layout, stacked: the time in each
+    dimension's traffic, then the rest (computation, and waiting for a core)."""
+    labels = [str(r.layout) for r in runs]
     parts: dict[str, list[float]] = {f"{d} traffic": [] for d in DIMS}
     parts["computation (the rest)"] = []
     for run in runs:
@@ -101,24 +132,44 @@ def time_chart(runs: list[LayoutRun], path: str | Path, *, title: str) -> Path:
             parts[f"{d} traffic"].append(comm.get(d, 0) * 1e3)
         parts["computation (the rest)"].append(
             statistics.mean(run.ranks[0].step_s) * 1e3 - sum(comm.values()) * 1e3)
-    return stacked_bar_chart(labels, parts, path, ylabel="time per training step on rank 0 (ms)",
-                             xlabel="layout", title=title)
+    fig, ax = plt.subplots(figsize=(7.5, 0.45 * len(runs) + 1.6))
+    left = [0.0] * len(runs)
+    for name, values in parts.items():
+        ax.barh(labels, values, 0.6, left=left, label=name)
+        left = [a + b for a, b in zip(left, values, strict=True)]
+    ax.invert_yaxis()  # one device on top
+    ax.set_xlabel("time per training step on rank 0 (ms)")
+    ax.xaxis.grid(True)
+    ax.set_axisbelow(True)
+    ax.set_title(title, fontsize=10)
+    fig.legend(loc="lower center", ncols=len(parts), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return save_figure(fig, path)
 
 
 def loss_chart(runs: list[LayoutRun], path: str | Path, *, floor: float, title: str) -> Path:
-    """The loss of every step, one line per layout, on top of the one-process run."""
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    """The loss of every step, one line per layout, on top of the one-process run (the
+    plain model and loop, no mesh), drawn wide and grey beneath them."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.0))
     ref = runs[0].reference
-    ax.plot(range(len(ref)), ref, color="black", linewidth=5, alpha=0.25, label="one process")
+    ax.plot(range(len(ref)), ref, color="black", linewidth=6, alpha=0.2,
+            label="one process, no mesh (the reference)")
     markers = "osD^v<>p"
     for k, run in enumerate(runs):
+        name = str(run.layout)
+        if name == "one device":
+            name = "one device: the 3-D loop on a 1 x 1 x 1 mesh"
         ax.plot(range(len(run.losses)), run.losses, marker=markers[k % len(markers)],
-                markersize=4, linewidth=1, label=str(run.layout))
-    ax.axhline(floor, color="grey", linestyle="--", linewidth=1,
-               label="the chain's entropy (lowest loss)")
+                markersize=4, linewidth=1, label=name)
+    ax.axhline(floor, color="grey", linestyle="--", linewidth=1)
+    ax.annotate("the chain's entropy: the lowest loss any model can reach", (len(ref) - 1, floor),
+                xytext=(0, 4), textcoords="offset points", ha="right", va="bottom",
+                fontsize=8, color="dimgrey")
     ax.set_xlabel("training step")
     ax.set_ylabel("cross-entropy loss (nats per token)")
     ax.set_title(title)
-    ax.legend(fontsize=8, ncols=2)
+    ax.set_ylim(floor - 0.15, max(ref) + 0.15)
     ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=3,
+              frameon=False)  # below the axes, clear of the curves whatever they do
     return save_figure(fig, path)

@@ -212,11 +212,16 @@ class LayoutRun(Record):
         times = self.ranks[rank].step_s
         return statistics.mean(times), statistics.stdev(times) if len(times) > 1 else 0.0
 
-    def report(self) -> str:
-        return (f"{str(self.layout):18s} losses max |diff| {max(self.loss_diffs):.1e} "
-                f"({self.loss_share:.2f} of the tolerance); weights {self.weight_diff:.1e} "
-                f"(tolerance {self.weight_tolerance:.1e}, {self.weights_compared}/"
-                f"{self.parameters} compared): {'equal' if self.ok else 'DIFFERENT'}")
+    def report(self, indent: str = "  ") -> str:
+        """Three short lines: the verdict, then the losses' and the weights' largest
+        difference from the one-process run, each against its tolerance."""
+        verdict = "equal to" if self.ok else "DIFFERENT from"
+        return (f"{self.layout}: {verdict} the one-process run\n"
+                f"{indent}losses: largest |diff| {max(self.loss_diffs):.1e} "
+                f"({self.loss_share:.2f} of the tolerance)\n"
+                f"{indent}weights: largest |diff| {self.weight_diff:.1e} (tolerance "
+                f"{self.weight_tolerance:.1e}); {self.weights_compared} of {self.parameters} "
+                "parameters compared")
 
 
 @dataclass

@@ -27,14 +27,16 @@ def main(config: SuiteConfig, rank: Rank) -> SuiteResult | None:
     if rank.rank == 0:  # an earlier run's checkpoints
         shutil.rmtree(config.root, ignore_errors=True)
     dist.barrier()
-    device = rank.device
+    device, total = rank.device, len(LAYOUTS) + 2
     runs = [train_layout(config.trainer(layout, checkpoint_dir=three if layout == THREE_D else ""),
-                         list(range(layout.world_size)), device=device, save_at=(s,))
-            for layout in LAYOUTS]
+                         list(range(layout.world_size)), device=device, save_at=(s,),
+                         progress=f"run {k} of {total}")
+            for k, layout in enumerate(LAYOUTS, 1)]
     two_d = train_layout(config.trainer(TWO_D, checkpoint_dir=two), list(range(4)),
-                         device=device, save_at=(s + 1,), resume_from=three, resume_step=s)
+                         device=device, save_at=(s + 1,), resume_from=three, resume_step=s,
+                         progress=f"run {total - 1} of {total}")
     back = train_layout(config.trainer(THREE_D), device=device, resume_from=two,
-                        resume_step=s + 1)
+                        resume_step=s + 1, progress=f"run {total} of {total}")
     if rank.rank != 0:
         return None
     return SuiteResult(config, runs, two_d, back)

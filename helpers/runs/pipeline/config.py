@@ -39,7 +39,7 @@ class PipelineConfig(RunConfig):
     split: tuple[str, ...] = option(help="ResNet50 block names to cut before, comma-separated: "
                                     "one stage (one process) more each")
     steps: int = option(3, "timed training steps per timed run")
-    warmup: int = option(1, "untimed steps before each timed run")
+    warmup: int = option(1, "untimed steps before each timed run and each baseline")
     num_classes: int = option(1000, "ResNet50's output classes")
     threads: int = option(1, "torch threads per stage process")
     seed: int = option(0, "seed of the weights and of the batch")

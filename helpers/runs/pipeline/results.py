@@ -1,6 +1,7 @@
 """What lesson 03's launch returns: every proven run as a ``StageProof``, whose verdict is
 decided here once, against ``PROOF_TOLERANCE``, and every timed run's step times; its
-tables are what the lesson prints."""
+tables are what the lesson prints. The activation-memory verdict (1F1B against GPipe,
+rank by rank) is decided here too, against ``RATIO_TOLERANCE``."""
 
 from __future__ import annotations
 
@@ -11,6 +12,41 @@ from helpers.core.timing import Timing
 from helpers.pipeline.schedule import PROOF_TOLERANCE
 from helpers.runs.contract import Record
 from helpers.runs.pipeline.config import PipelineConfig
+
+# relative, chosen: a rank's 1F1B / GPipe ratio of peak activation bytes, once the batch
+# tensor it keeps whole is taken out, may differ from (micro-batches 1F1B holds) / M by 1%
+# of that value. The counts are bytes of whole tensors, so the rule predicts them exactly;
+# 1% still fails a schedule that holds one micro-batch more or fewer (a change of 1/M).
+RATIO_TOLERANCE = 0.01
+
+
+@dataclass(frozen=True)
+class ActivationRatio:
+    """One rank's peak activation bytes under 1F1B against GPipe, and the rule's ratio.
+
+    GPipe holds all M micro-batches at once, 1F1B at most K - k on stage k: the ratio is
+    min(K - k, M) / M. The first rank also keeps the input batch and the last the target
+    batch, each one tensor whose micro-batches are views, held whole under both schedules:
+    ``batch_bytes``, taken out of both peaks before comparing.
+    """
+
+    rank: int
+    gpipe: int
+    one_f_one_b: int
+    batch_bytes: int
+    expected: float
+
+    @property
+    def measured(self) -> float:
+        return self.one_f_one_b / self.gpipe
+
+    @property
+    def without_batch(self) -> float:
+        return (self.one_f_one_b - self.batch_bytes) / (self.gpipe - self.batch_bytes)
+
+    @property
+    def ok(self) -> bool:
+        return abs(self.without_batch - self.expected) <= RATIO_TOLERANCE * self.expected
 
 
 @dataclass(frozen=True)
@@ -57,6 +93,7 @@ class PipelineResult(Record):
     proofs: list[StageProof]
     runs: list[TimedRun]
     baselines: dict[str, list[float]] = field(default_factory=dict)
+    work_s: float = 0.0  # rank 0's wall time in the worker's main: no start-up, no imports
 
     @property
     def single(self) -> Timing | None:
@@ -113,4 +150,31 @@ class PipelineResult(Record):
         for p in sorted(self.proofs, key=lambda p: (p.schedule != "gpipe", p.microbatches)):
             lines.append(f"  {p.schedule:<8} {p.microbatches:>2}" + "".join(
                 f"{format_bytes(b):>12}" for b in p.peak_activation_bytes))
+        return "\n".join(lines)
+
+    def activation_ratios(self, microbatches: int) -> list[ActivationRatio]:
+        """Every rank's 1F1B / GPipe peak at M=``microbatches``, against the rule."""
+        c, k = self.config, self.config.stages
+        gpipe, one_f = self.peak("gpipe", microbatches), self.peak("1f1b", microbatches)
+        kept = {0: c.batch * 3 * c.image_size**2 * 4}  # the input batch, float32
+        kept[k - 1] = kept.get(k - 1, 0) + c.batch * c.num_classes * 4  # the one-hot target
+        return [ActivationRatio(r, gpipe[r], one_f[r], kept.get(r, 0),
+                                min(k - r, microbatches) / microbatches) for r in range(k)]
+
+    def ratios_ok(self, microbatches: int) -> bool:
+        return all(r.ok for r in self.activation_ratios(microbatches))
+
+    def ratio_table(self, microbatches: int) -> str:
+        """1F1B / GPipe per rank: measured, without the batch tensor, and the rule."""
+        m, k = microbatches, self.config.stages
+        lines = [f"1F1B / GPipe peak activation bytes at M={m}, per rank, against the rule",
+                 f"(stage k holds min(K-k, M) of the M micro-batches; tolerance "
+                 f"{RATIO_TOLERANCE:.0%} of the rule's ratio):",
+                 f"  {'rank':<5}{'measured':>9}  {'batch tensor kept':>18}  {'without it':>10}"
+                 f"  {'rule':>9}"]
+        for r in self.activation_ratios(m):
+            kept = format_bytes(r.batch_bytes) if r.batch_bytes else "none"
+            rule = f"{min(k - r.rank, m)}/{m}={r.expected:.3f}"
+            lines.append(f"  {r.rank:<5}{r.measured:>9.3f}  {kept:>18}  {r.without_batch:>10.3f}"
+                         f"  {rule:>9}  {'OK' if r.ok else 'FAILED'}")
         return "\n".join(lines)

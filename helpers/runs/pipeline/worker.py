@@ -13,6 +13,7 @@ model's step is timed in the same processes. Rank 0 returns a ``PipelineResult``
 from __future__ import annotations
 
 import copy
+import time
 
 import torch
 import torch.distributed as dist
@@ -29,6 +30,13 @@ from helpers.runs.pipeline.config import PipelineConfig
 from helpers.runs.pipeline.results import PipelineResult, StageProof, TimedRun
 from helpers.runs.pipeline.timings import training_step_fn
 from helpers.torchrun.ranks import Rank
+
+
+def say(rank: Rank, text: str) -> None:
+    """Print ``text`` on rank 0, at once: while a cell waits for the launch, the launcher
+    shows rank 0's last line."""
+    if rank.rank == 0:
+        print(text, flush=True)
 
 
 def same_batch(config: PipelineConfig,
@@ -66,7 +74,9 @@ def check_run(
     is measured during a second step: a new ``PipelineStage``'s first step also runs one
     micro-batch forward and backward to infer shapes, which raises the first step's peak.
     """
+    say(rank, f"{schedule} M={m}: proof step against one process")
     proven, ref = prove_step_locally(pipe, reference, images, labels, m, lr, first_param)
+    say(rank, f"{schedule} M={m}: memory step")
     module = next(iter(pipe.chunks.values()))
     with SavedTensorMeter(module) as meter:
         train_step(pipe, images, labels, mean_loss=True)
@@ -80,13 +90,16 @@ def check_run(
 
 
 def time_run(
-    pipe: RankPipeline, images: torch.Tensor, labels: torch.Tensor, steps: int, warmup: int
+    pipe: RankPipeline, images: torch.Tensor, labels: torch.Tensor, steps: int, warmup: int,
+    rank: Rank, name: str,
 ) -> list[float]:
     """Seconds per training step, all stages finished (barrier before and after)."""
-    for _ in range(warmup):
+    for i in range(warmup):
+        say(rank, f"timing {name}: warm-up step {i + 1} of {warmup}")
         train_step(pipe, images, labels, mean_loss=True)
     times = []
-    for _ in range(steps):
+    for i in range(steps):
+        say(rank, f"timing {name}: step {i + 1} of {steps}")
         dist.barrier()
         start = synchronized_clock()
         train_step(pipe, images, labels, mean_loss=True)
@@ -102,8 +115,8 @@ def time_baselines(
     """One process's whole-model step, timed on rank 0 while the other ranks wait in a barrier.
 
     ``single``: one thread, as each stage process has (the pipeline's one-device baseline);
-    ``single_threads``: one thread per stage (the fair competitor for K cores). ``config.warmup``
-    untimed steps come first; they also warm the model up for the K-thread steps. Rank 0
+    ``single_threads``: one thread per stage (the fair competitor for K cores). Each comes
+    after its own ``config.warmup`` untimed steps (a new thread count warms up anew). Rank 0
     gets both; the others None.
     """
     times: dict[str, list[float]] = {"single": [], "single_threads": []}
@@ -111,11 +124,13 @@ def time_baselines(
         step = training_step_fn(model, images, labels, config.lr)
         threads = torch.get_num_threads()
         try:
-            # the one-thread steps warm the model up for the K-thread ones (same shapes)
-            for key, n, warmup in (("single", config.threads, config.warmup),
-                                   ("single_threads", rank.world_size, 0)):
+            for key, n in (("single", config.threads), ("single_threads", rank.world_size)):
                 torch.set_num_threads(n)
+                warmup = config.warmup
                 for i in range(warmup + config.steps):
+                    say(rank, f"one process, {n} thread(s): "
+                        + (f"warm-up step {i + 1} of {warmup}" if i < warmup
+                           else f"step {i - warmup + 1} of {config.steps}"))
                     start = synchronized_clock()
                     step()
                     if i >= warmup:
@@ -129,6 +144,7 @@ def time_baselines(
 def main(config: PipelineConfig, rank: Rank) -> PipelineResult | None:
     """This rank's stage: every run proven (``--check``), measured and timed; rank 0 returns
     the result, the other ranks None."""
+    began = time.monotonic()  # the work itself: torchrun and the imports came before
     torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
     model = resnet50(config.num_classes)
@@ -160,14 +176,18 @@ def main(config: PipelineConfig, rank: Rank) -> PipelineResult | None:
                 module.load_state_dict(start)
                 pipe = stage_pipeline(module, rank, schedule, m, config.lr)
                 warmup = max(config.warmup, 1)
-            runs.append(TimedRun(schedule, m, time_run(pipe, *timed_batch, config.steps, warmup)))
+            times = time_run(pipe, *timed_batch, config.steps, warmup, rank,
+                             f"{schedule} M={m} at {config.timing_size}x{config.timing_size}")
+            runs.append(TimedRun(schedule, m, times))
     module.load_state_dict(start)
     baselines = None
     if config.baselines:
         baselines = time_baselines(whole.to(rank.device), rank, *timed_batch, config)
     if rank.rank != 0:
         return None
-    return PipelineResult(config, rank.backend, proofs, runs, baselines or {})
+    say(rank, "done: sending the result")
+    return PipelineResult(config, rank.backend, proofs, runs, baselines or {},
+                          work_s=time.monotonic() - began)
 
 
 if __name__ == "__main__":

@@ -2,18 +2,41 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 
 from torch import nn
 
 from helpers.core.sizes import format_bytes
+from helpers.core.timing import Timing, within_spread
 from helpers.placement.planner import Device, Plan, device_of
 
 
 def device_label(device: Device) -> str:
     """'GPU 0', 'CPU', 'disk'."""
     return f"GPU {device}" if isinstance(device, int) else {"cpu": "CPU"}.get(device, device)
+
+
+def caught(error: Exception, width: int = 100) -> str:
+    """A refusal as a lesson prints it: "caught: " and what was wrong, then the valid choices
+    on lines of their own, wrapped at ``width`` characters."""
+    what, found, valid = str(error).partition("; valid")
+    wrap = dict(break_long_words=False, break_on_hyphens=False)
+    lines = textwrap.wrap(f"caught: {what}", width, subsequent_indent="  ", **wrap)
+    if found:
+        lines += textwrap.wrap(f"valid{valid}", width, initial_indent="  ",
+                               subsequent_indent="    ", **wrap)
+    return "\n".join(lines)
+
+
+def slower_verdict(timing: Timing, one: Timing) -> str:
+    """Whether ``timing`` was slower (or faster) than ``one`` beyond the two runs' spread
+    (their means further apart than their stds together), or within it."""
+    ratio = f"{timing.label}: {timing.mean / one.mean:.2f}x the time of {one.label}"
+    if within_spread(timing, one):
+        return f"{ratio}, within the spread: no difference this run can show"
+    return f"{ratio}: {'slower' if timing.mean > one.mean else 'faster'} beyond the spread"
 
 
 def entry_device(model: nn.Module, name: str, device_map: Mapping[str, Device]) -> str:
@@ -84,7 +107,9 @@ def plot_plans(
 
     Each bar stacks the modules placed on that device, coloured by class; a hatched
     segment is the room a plan held back; a dashed line marks the device's budget, and a
-    dotted one its ``max_memory`` where balancing lowered the budget.
+    dotted one its ``max_memory`` where balancing lowered the budget. A class too thin to
+    see (no module of it over 1% of the axis) gets no legend entry. 7.5 inches wide, so
+    that JupyterLab shows it at its own size; ``title`` should say what it shows.
     """
     import matplotlib.pyplot as plt
 
@@ -93,7 +118,7 @@ def plot_plans(
     kinds = sorted({_kind(n, model) for p in plans.values() for n in p.device_map})
     colours = dict(zip(kinds, plt.get_cmap("tab10").colors, strict=False))
     fig, axes = plt.subplots(
-        1, len(plans), figsize=(4.2 * len(plans), 3.8), sharey=True, squeeze=False
+        1, len(plans), figsize=(7.5, 3.9), sharey=True, squeeze=False
     )
     mib = 2**20
     stacks = [p.used.get(d, 0) + p.reserved.get(d, 0) for p in plans.values() for d in p.budgets]
@@ -142,16 +167,18 @@ def plot_plans(
                 )
         ax.set_ylim(0, top)
         ax.set_xticks(range(len(devices)), [device_label(d) for d in devices])
-        ax.set_title(label, fontsize=10)
+        ax.set_title(label, fontsize=9)
         ax.yaxis.grid(True, alpha=0.4)
         ax.set_axisbelow(True)
     axes[0][0].set_ylabel("MiB of weights")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=colours[k]) for k in kinds]
+    seen = [k for k in kinds if any(plan.sizes[n] >= 0.01 * top * mib and _kind(n, model) == k
+                                    for plan in plans.values() for n in plan.device_map)]
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colours[k]) for k in seen]
     handles += [
         plt.Rectangle((0, 0), 1, 1, facecolor="none", edgecolor="grey", hatch="///"),
         plt.Line2D([0], [0], color="black", linestyle="dashed"),
     ]
-    names = [*kinds, "held back", "budget"]
+    names = [*seen, "held back", "budget"]
     if any(balanced(p) for p in plans.values()):
         handles.append(plt.Line2D([0], [0], color="grey", linestyle="dotted"))
         names.append("max_memory")
@@ -159,11 +186,11 @@ def plot_plans(
         handles,
         names,
         loc="lower center",
-        ncol=len(handles),
+        ncol=(len(handles) + 1) // 2,
         frameon=False,
-        fontsize=9,
+        fontsize=8,
     )
     if title:
-        fig.suptitle(title, fontsize=11)
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
     return save_figure(fig, path)

@@ -44,7 +44,8 @@ class SchedulesConfig(RunConfig):
     batch: int = option(help="samples per training step")
     width: int = option(256, "features per sample (the MLP blocks' width)")
     blocks: int = option(8, "MLP blocks in the stack, cut into equal chunks")
-    steps: int = option(3, "timed training steps per schedule, after its proof step")
+    warmup: int = option(2, "untimed warm-up steps per schedule, after its proof step")
+    steps: int = option(3, "timed training steps per schedule, after its warm-up")
     processes: int = option(2, "ranks to launch, one process each (K)")
     schedules: tuple[str, ...] = option(SCHEDULE_NAMES, "schedules to run, comma-separated; "
                                         f"valid: {', '.join(SCHEDULE_NAMES)}")
@@ -52,10 +53,12 @@ class SchedulesConfig(RunConfig):
 
     @classmethod
     def for_profile(cls, profile: Profile, **changes: Any) -> SchedulesConfig:
-        """Lesson 04's launch: the profile's sizes, ``profile.repeats`` timed steps each."""
+        """Lesson 04's launch: the profile's sizes; ``profile.warmup`` untimed steps, then
+        ``profile.repeats`` timed steps of each schedule."""
         s = profile.schedules
         values: dict[str, Any] = dict(microbatches=s.microbatches, batch=s.batch,
-                                      width=s.width, blocks=s.blocks, steps=profile.repeats)
+                                      width=s.width, blocks=s.blocks, warmup=profile.warmup,
+                                      steps=profile.repeats)
         return cls(**{**values, **changes})
 
     def ranks(self) -> int:
@@ -67,6 +70,9 @@ class SchedulesConfig(RunConfig):
         if world_size != self.processes:
             raise ValueError(f"processes={self.processes} but {world_size} ranks were started "
                              f"or asked for; valid: {self.processes} (or set --processes)")
+        if self.warmup < 0 or self.steps < 1:
+            raise ValueError(f"warmup={self.warmup}, steps={self.steps}; valid: warmup >= 0 "
+                             "and steps >= 1")
         for name in self.schedules:
             validate_plan(name, world_size, self.microbatches, self.blocks, self.batch)
         return self

@@ -23,6 +23,8 @@ class Recorded(Protocol):
 
     actions: list[dict]
     start_ns: int
+    memory_actions: list[dict]
+    memory_start_ns: int
 
     @property
     def ideal(self) -> list[dict]: ...
@@ -95,38 +97,57 @@ def _draw(ax: plt.Axes, rows: Sequence[dict], ranks: int, scale: float, offset: 
 
 
 def timeline_chart(runs: dict[str, Recorded], ranks: int, path: str | Path) -> Path:
-    """Per schedule: the measured timeline (ms) above its ideal tick diagram (unit costs)."""
-    fig, axes = plt.subplots(2 * len(runs), 1, figsize=(10, 1.25 * ranks * 2 * len(runs) + 1.2))
+    """Per schedule: the measured timeline (ms) above its ideal tick diagram (unit costs).
+
+    7.5 inches wide (900 pixels as saved): JupyterLab shows it at its own size.
+    """
+    fig, axes = plt.subplots(2 * len(runs), 1, figsize=(7.5, 0.55 * ranks * 2 * len(runs) + 1.6))
     for i, (name, run) in enumerate(runs.items()):
         measured = [{**a, "start": a["start_ns"], "end": a["end_ns"]} for a in run.actions]
         _draw(axes[2 * i], measured, ranks, 1e-6, run.start_ns)
-        axes[2 * i].set_title(f"{name}: measured", fontsize=9, loc="left")
-        axes[2 * i].set_xlabel("time since the step began (ms)", fontsize=8)
+        axes[2 * i].set_title(f"{name}: measured (ms since the step began)", fontsize=9,
+                              loc="left")
         _draw(axes[2 * i + 1], run.ideal, ranks, 1.0, 0.0)
-        axes[2 * i + 1].set_title(f"{name}: same order, ideal costs (forward = 1 per stage)",
-                                  fontsize=9, loc="left")
-        axes[2 * i + 1].set_xlabel("ticks", fontsize=8)
+        axes[2 * i + 1].set_title(f"{name}: same order at ideal costs (ticks: a forward = 1 per "
+                                  "stage, sending free)", fontsize=9, loc="left")
+    for ax in axes:
+        ax.tick_params(labelsize=8)
     handles = [plt.Rectangle((0, 0), 1, 1, color=COLOURS[k]) for k in COLOURS]
-    fig.legend(handles, [NAMES[k] for k in COLOURS], loc="lower center", ncol=3, fontsize=8)
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    fig.legend(handles, [NAMES[k] for k in COLOURS], loc="lower center", ncol=2, fontsize=8,
+               frameon=False)
+    fig.suptitle("The same order of work, measured (ms) and at ideal costs (ticks): where they\n"
+                 "differ, a rank waited (grey) or an action cost more or less than its ticks",
+                 fontsize=10)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     return save_figure(fig, path)
 
 
-def memory_chart(runs: dict[str, Recorded], ranks: int, path: str | Path) -> Path:
-    """Per schedule: activation bytes held for backward on each rank over the step (MiB)."""
-    fig, axes = plt.subplots(1, len(runs), figsize=(3.2 * len(runs) + 1, 3.4), sharey=True,
+def memory_chart(runs: dict[str, Recorded], ranks: int, path: str | Path, *,
+                 title: str = "") -> Path:
+    """Per schedule: activation bytes held for backward on each rank over the metered step
+    (MiB), two panels a row, 7.5 inches wide; ``title``: what the figure shows."""
+    rows = (len(runs) + 1) // 2
+    fig, axes = plt.subplots(rows, 2, figsize=(7.5, 2.3 * rows + 0.9), sharey=True,
                              squeeze=False)
-    for ax, (name, run) in zip(axes[0], runs.items(), strict=True):
+    for ax, (name, run) in zip(axes.flat, runs.items(), strict=False):
         for r in range(ranks):
-            points = sorted((a["end_ns"], a["live_bytes"]) for a in run.actions
+            points = sorted((a["end_ns"], a["live_bytes"]) for a in run.memory_actions
                             if a["rank"] == r and a["kind"] in COMPUTE)
-            xs = [0.0] + [(t - run.start_ns) / 1e6 for t, _ in points]
+            xs = [0.0] + [(t - run.memory_start_ns) / 1e6 for t, _ in points]
             ys = [0.0] + [b / 2**20 for _, b in points]
             ax.step(xs, ys, where="post", label=f"rank {r}")
         ax.set_title(name, fontsize=9)
-        ax.set_xlabel("time since the step began (ms)", fontsize=8)
         ax.yaxis.grid(True, alpha=0.4)
-    axes[0][0].set_ylabel("activations held for backward (MiB)")
-    axes[0][-1].legend(fontsize=8)
-    fig.tight_layout()
+        ax.tick_params(labelsize=8)
+    for ax in axes.flat[len(runs):]:
+        ax.set_visible(False)
+    for ax in axes[-1]:
+        ax.set_xlabel("ms since the metered step began", fontsize=8)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("held for backward (MiB)", fontsize=8)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=ranks, fontsize=8, frameon=False)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     return save_figure(fig, path)

@@ -55,9 +55,11 @@ class ScheduleRun(Record):
     actions: list[dict] = field(repr=False)
     start_ns: int
     end_ns: int
-    peak_activation_bytes: list[int]
+    peak_activation_bytes: list[int]  # per rank, in the metered step
+    memory_actions: list[dict] = field(repr=False)  # compute actions of the metered step
+    memory_start_ns: int
     message_bytes: int  # one micro-batch's activation (or its gradient): what a send carries
-    transfers: list[RankTransfers]  # per rank, in one untimed step
+    transfers: list[RankTransfers]  # per rank, in the metered step
     wire_reason: str | None  # why the sockets were not read (None: they were)
 
     @property
@@ -155,16 +157,21 @@ class SchedulesResult(Record):
         return "\n".join(lines)
 
     def table(self) -> str:
-        """Step time, idle per rank, the three bubbles, peak activations, proof."""
-        lines = [f"{'schedule':<17}{'step (ms)':>10}  {'idle per rank':<14}{'free comm':>10}"
-                 f"{'ideal':>7}{'theory':>8}  {'peak activations (MiB)':<24}proof"]
+        """Step time (mean ± std of the timed steps), idle per rank, the bubble with free
+        sends, the replay's bubble (one number where it equals the formula's), proof."""
+        lines = [f"{'schedule':<17}{'step (ms)':>12}  {'idle per rank':<15}{'free comm':>9}  "
+                 f"{'bubble (replay = formula)':<27}proof"]
         for name, run in self.runs.items():
             idle = " ".join(f"{f:.0%}" for f in run.idle_fraction)
-            peak = " ".join(f"{b / 2**20:.1f}" for b in run.peak_activation_bytes)
-            lines.append(f"{name:<17}{run.step_s * 1e3:>10.0f}  {idle:<14}"
-                         f"{run.free_communication_idle_fraction:>10.0%}"
-                         f"{run.ideal_idle_fraction:>7.1%}{run.bubble_theory:>8.1%}  {peak:<24}"
+            step = f"{run.step_s * 1e3:.0f} ± {run.step_std_s * 1e3:.0f}"
+            replay, theory = run.ideal_idle_fraction, run.bubble_theory
+            bubble = (f"{theory:.1%}" if abs(replay - theory) < 1e-9
+                      else f"{replay:.1%} ≠ {theory:.1%}")
+            lines.append(f"{name:<17}{step:>12}  {idle:<15}"
+                         f"{run.free_communication_idle_fraction:>9.0%}  {bubble:<27}"
                          f"{'OK' if run.proof.ok else 'FAILED'}")
+        lines.append(f"(step: mean ± std of {self.config.steps} timed steps, after "
+                     f"{self.config.warmup} untimed warm-up step(s))")
         return "\n".join(lines)
 
     @property
@@ -196,10 +203,11 @@ class SchedulesResult(Record):
         f, i, w = run.seconds("F"), run.seconds("I"), run.seconds("W")
         lines = [f"{name}, rank {r}: I/F = {i[r] / f[r]:.2f}, W/F = {w[r] / f[r]:.2f} "
                  "(the formula assumes 1 and 1)" for r in range(run.ranks)]
-        lines.append(f"idle share: {run.bubble_theory:.1%} with I = W = F (formula and replay); "
-                     f"{run.free_communication_idle_fraction:.1%} replaying the same order "
-                     "with this run's measured costs and free sends; measured per rank: "
-                     + " ".join(f"{x:.0%}" for x in run.idle_fraction))
+        lines += [f"idle share: {run.bubble_theory:.1%} with I = W = F (formula and replay)",
+                  f"            {run.free_communication_idle_fraction:.1%} replaying the same "
+                  "order with this run's measured costs, sending free",
+                  "            " + " ".join(f"{x:.0%}" for x in run.idle_fraction)
+                  + " measured, per rank"]
         return "\n".join(lines)
 
     @property
@@ -217,23 +225,25 @@ class SchedulesResult(Record):
         return [[t.sent_bytes for t in self.runs[n].transfers] for n in names]
 
     def transfers_table(self) -> str:
-        """Per schedule and rank: sends, the tensors' bytes, the wire's, and the headers."""
-        lines = [f"{'schedule':<17}{'rank':>5}{'sends':>7}{'tensors (B)':>13}"
-                 f"{'on the wire (B)':>17}  wire - tensors"]
+        """Per schedule and rank: sends, receives, the tensors' bytes, the wire's, and
+        whether the difference is gloo's headers exactly (✓) or what they allow."""
+        headers = f"= {HEADERS_PER_SEND}·s + {HEADERS_PER_RECEIVE}·r"
+        lines = [f"{'schedule':<17}{'rank':>5}{'sends s':>9}{'recvs r':>9}{'tensors (B)':>12}"
+                 f"{'on the wire (B)':>17}{'wire - tensors':>15}  {headers}"]
         for name, run in self.runs.items():
             for r, t in enumerate(run.transfers):
-                wire = "-" if t.wire_sent is None else f"{t.wire_sent:,}"
-                extra = "-" if t.wire_sent is None else (
-                    f"{t.wire_sent - t.sent_bytes:,} = {HEADERS_PER_SEND} x {t.sends} sends + "
-                    f"{HEADERS_PER_RECEIVE} x {t.receives} receives" if t.wire_sent - t.sent_bytes == t.headers
-                    else f"{t.wire_sent - t.sent_bytes:,} (headers at most {t.headers:,})")
-                lines.append(f"{name:<17}{r:>5}{t.sends:>7}{t.sent_bytes:>13,}{wire:>17}  "
-                             f"{extra}")
+                wire, extra, same = "-", "-", ""
+                if t.wire_sent is not None:
+                    wire, extra = f"{t.wire_sent:,}", f"{t.wire_sent - t.sent_bytes:,}"
+                    same = "✓" if t.wire_sent - t.sent_bytes == t.headers else (
+                        f"≠ {t.headers:,}")
+                lines.append(f"{name:<17}{r:>5}{t.sends:>9}{t.receives:>9}{t.sent_bytes:>12,}"
+                             f"{wire:>17}{extra:>15}  {same}")
         reasons = {run.wire_reason for run in self.runs.values()} - {None}
         lines += [f"wire not read: {reason}" for reason in sorted(reasons)]
         verdict = "OK" if self.transfers_ok else "FAILED"
-        lines.append(f"every rank: sends, receives and tensor bytes as planned; wire within "
-                     f"[tensors, tensors + gloo's headers]  {verdict}")
+        lines.append(f"every rank: sends, receives, tensor bytes as planned; wire within "
+                     f"[tensors, tensors + headers]  {verdict}")
         return "\n".join(lines)
 
     def peaks_table(self) -> str:

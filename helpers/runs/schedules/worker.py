@@ -2,10 +2,13 @@
 
 Every rank builds the same MLP stack, keeps its chunks, and for each schedule first proves
 one training step against the one-process step with gradients accumulated over the same
-micro-batches, then times ``--steps`` steps, recording every stage action (F, B, I, W and
-send and receive waits) and the live activation bytes of the last one, and last runs one
-untimed step that counts the sends and receives the schedule posts and the bytes that
-leave this rank's sockets (``transfers``). Rank 0 returns a ``SchedulesResult``.
+micro-batches, runs ``--warmup`` untimed steps, then times ``--steps`` steps, recording
+every stage action (F, B, I, W and send and receive waits) of the last one. A last,
+untimed step runs under every meter: ``SavedTensorMeter`` (a hook on every tensor saved
+for backward, which would slow a timed step), for the live activation bytes after each
+action, and the counts of the sends and receives the schedule posts and of the bytes that
+leave this rank's sockets (``transfers``). Rank 0 prints what it is doing (the launcher shows its
+last line while the cell waits) and returns a ``SchedulesResult``.
 The step and its proof are ``helpers.pipeline.runtime``'s, the same code as lesson 03's.
 """
 
@@ -37,15 +40,29 @@ def wire_reason(backend: str, wire: WireMeter) -> str | None:
     return wire.reason
 
 
-def counted_step(pipe, x: torch.Tensor, y: torch.Tensor, backend: str) -> tuple[RankTransfers,
-                                                                               str | None]:
-    """One untimed step: the sends and receives posted, and this rank's socket bytes."""
+def say(rank: Rank, text: str) -> None:
+    """Print ``text`` on rank 0, at once: the launcher shows rank 0's last line."""
+    if rank.rank == 0:
+        print(text, flush=True)
+
+
+def metered_step(pipe, rank: Rank, x: torch.Tensor, y: torch.Tensor) -> dict:
+    """One untimed step under every meter: its compute actions with the live activation
+    bytes after each (``memory``), its ``start`` (ns), this rank's ``peak`` of activation
+    bytes, the sends and receives it posted and its socket bytes (``transfers``), and why
+    the sockets were not read (``reason``, None when they were)."""
+    meter = SavedTensorMeter(nn.ModuleList(pipe.chunks.values()))
     dist.barrier()
-    with WireMeter() as wire, count_transfers() as counted:
+    start = time.monotonic_ns()
+    with (WireMeter() as wire, count_transfers() as counted, meter,
+          record_actions(rank.rank, pipe.stages, meter) as recorded):
         train_step(pipe, x, y)
-    reason = wire_reason(backend, wire)
-    return RankTransfers(counted.sends, counted.receives, counted.sent_bytes,
-                         None if reason else wire.sent), reason
+    reason = wire_reason(rank.backend, wire)
+    transfers = RankTransfers(counted.sends, counted.receives, counted.sent_bytes,
+                              None if reason else wire.sent)
+    return {"memory": [a.as_dict() for a in recorded if a.kind != "wait"], "start": start,
+            "peak": sum(meter.peak.values()), "transfers": transfers.to_dict(),
+            "reason": reason}
 
 
 def run(
@@ -56,7 +73,8 @@ def run(
     x: torch.Tensor,
     y: torch.Tensor,
 ) -> ScheduleRun | None:
-    """Prove one step of ``name``, then time ``config.steps`` steps; events of the last one."""
+    """Prove one step of ``name``, warm up, time ``config.steps`` steps (the events of the
+    last one kept), then meter its activations and count its transfers in one untimed step."""
     chunks = validate_plan(name, rank.world_size, config.microbatches, config.blocks, config.batch)
     copied = copy.deepcopy(model)
     mine = {
@@ -65,23 +83,28 @@ def run(
     }
     pipe = build_pipeline(mine, chunks, name, config.microbatches, rank.device, config.lr)
     reference = copy.deepcopy(model) if rank.rank == 0 else None
+    say(rank, f"{name}: proof step")
     proof = prove_step(pipe, reference, x, y, config.microbatches, config.lr)
+    for step in range(config.warmup):
+        say(rank, f"{name}: warm-up step {step + 1} of {config.warmup}")
+        dist.barrier()
+        train_step(pipe, x, y)
     times: list[float] = []
-    actions, span, peak = [], (0, 0), 0
-    for _ in range(config.steps):
-        meter = SavedTensorMeter(nn.ModuleList(pipe.chunks.values()))
+    actions, span = [], (0, 0)
+    for step in range(config.steps):
+        say(rank, f"{name}: timed step {step + 1} of {config.steps}")
         dist.barrier()
         start = time.monotonic_ns()
-        with meter, record_actions(rank.rank, pipe.stages, meter) as recorded:
+        with record_actions(rank.rank, pipe.stages) as recorded:
             train_step(pipe, x, y)
         end = time.monotonic_ns()
         dist.barrier()
         times.append((end - start) / 1e9)
-        actions, span, peak = recorded, (start, end), sum(meter.peak.values())
-    transfers, reason = counted_step(pipe, x, y, rank.backend)
+        actions, span = recorded, (start, end)
+    say(rank, f"{name}: a last step, untimed, meters activations and transfers")
+    metered = metered_step(pipe, rank, x, y)
     everything = [None] * rank.world_size if rank.rank == 0 else None
-    dist.gather_object(([a.as_dict() for a in actions], span, peak, transfers.to_dict()),
-                       everything, dst=0)
+    dist.gather_object(([a.as_dict() for a in actions], span, metered), everything, dst=0)
     if everything is None or proof is None:
         return None
     c = proof.comparison
@@ -94,10 +117,12 @@ def run(
         actions=[a for e in everything for a in e[0]],
         start_ns=min(e[1][0] for e in everything),
         end_ns=max(e[1][1] for e in everything),
-        peak_activation_bytes=[e[2] for e in everything],
+        peak_activation_bytes=[e[2]["peak"] for e in everything],
+        memory_actions=[a for e in everything for a in e[2]["memory"]],
+        memory_start_ns=min(e[2]["start"] for e in everything),
         message_bytes=x.chunk(config.microbatches)[0].nbytes,
-        transfers=[RankTransfers.from_dict(e[3]) for e in everything],
-        wire_reason=reason,
+        transfers=[RankTransfers.from_dict(e[2]["transfers"]) for e in everything],
+        wire_reason=metered["reason"],
     )
 
 

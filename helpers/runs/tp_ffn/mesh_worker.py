@@ -23,6 +23,7 @@ from helpers.core.checks import Proof
 from helpers.core.devices import resolve_dtype
 from helpers.runs.contract import serve
 from helpers.runs.tp_ffn.config import MeshConfig
+from helpers.runs.tp_ffn.display import say
 from helpers.runs.tp_ffn.results import MeshRun
 from helpers.tensor_parallel.block import shard_vs_full
 from helpers.tensor_parallel.proofs import output_tolerance
@@ -47,6 +48,7 @@ def main(config: MeshConfig, rank: Rank) -> MeshRun:
     """One step of the 2-D model vs one step of the full model; rank 0's result."""
     dtype, dp, lr = resolve_dtype(config.dtype), config.dp, config.lr
     tp = rank.world_size // dp
+    say(rank, f"building the {dp} x {tp} mesh")
     mesh = init_device_mesh(rank.device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
     dp_rank, tp_rank = mesh.get_local_rank("dp"), mesh.get_local_rank("tp")
     reference = config.model().to(rank.device, dtype)
@@ -54,6 +56,7 @@ def main(config: MeshConfig, rank: Rank) -> MeshRun:
     x = config.input_batch(dtype, rank.device)
     per = x.shape[0] // dp
     batch_rows = slice(dp_rank * per, (dp_rank + 1) * per)
+    say(rank, "one step on the mesh, proven")
     out = sgd_step(model, x[batch_rows], lr, mesh.get_group("dp"), dp)
     ref_out = sgd_step(reference, x, lr)  # the full model on the full batch
     weight_diff = shard_vs_full(model, reference, tp, tp_rank)

@@ -96,24 +96,27 @@ class TPRun(Record):
         """Every rank's sockets sent what gloo's algorithm predicts (or were not read)."""
         return all(w.ok for w in self.wire)
 
-    def bytes_report(self) -> str:
-        """One forward's all-reduce, per rank: the ring formula, gloo's algorithm (payload
-        and headers), the sockets."""
+    BYTES_HEAD = (f"{'p':>2}{'ring formula':>14}{'gloo payload':>14}{'+ headers':>11}"
+                  "  on the wire, each rank")
+
+    def bytes_row(self) -> str:
+        """One forward's all-reduce (g), per rank: the ring formula, gloo's algorithm
+        (payload and headers) and what the sockets sent, under :attr:`BYTES_HEAD`."""
+        head = f"{self.world_size:>2}{self.ring_bytes:>12,.0f} B"
         if not self.wire:
-            return f"p={self.world_size}: ring formula {self.ring_bytes:,.0f} B; wire not read"
-        w = self.wire[0]
-        verdict = "within" if self.wire_ok else "NOT within"
-        return (f"p={self.world_size}: ring formula {self.ring_bytes:>7,.0f} B | gloo "
-                f"{w.payload:>7,.0f} B + {w.headers:>5,} B of headers | on the wire "
-                f"{wire_line(self.wire)}: {verdict} gloo's prediction")
+            return f"{head}{'':>25}  not read"
+        w, line = self.wire[0], wire_line(self.wire)
+        if not line.startswith(("=", "not measured")):
+            line += ": within the prediction" if self.wire_ok else ": NOT within the prediction"
+        return f"{head}{w.payload:>12,.0f} B{w.headers:>9,} B  {line}"
 
     def report(self, native: NativeRun) -> str:
         """One line: the worst difference from native over every rank and element, the sum."""
         o = self.output
         return (
             f"world size {self.world_size}: max |tp - native| ≈ {o.max_diff:.1e} over "
-            f"{list(self.shape)} on {self.world_size} rank(s), tolerance ≈ {o.tolerance:.1e};"
-            f" sum ≈ {self.checksum:.4f}  {'OK' if self.agrees(native) else 'FAILED'}"
+            f"{list(self.shape)}, tolerance ≈ {o.tolerance:.1e}; sum ≈ {self.checksum:.4f}"
+            f"  {'OK' if self.agrees(native) else 'FAILED'}"
         )
 
     def step_report(self) -> str:

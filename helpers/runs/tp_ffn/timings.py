@@ -80,42 +80,62 @@ class Sweep:
                  "agrees": r.agrees(self.native)} for p, r in self.runs.items()]  # fmt: skip
 
     def table(self, cores: int, device: str) -> str:
-        """Times per world size, rank 0's compute and all-reduce apart."""
-        lines = [
-            f"{'p':>2} {'native':>16} {'tp_simulate':>16} {'tensor parallel':>17} "
-            f"{'compute':>9} {'all-reduce':>11}"
-        ]
-        cell = lambda t, w: f"{t.mean * 1e3:>{w}.2f} ± {t.std * 1e3:4.2f} ms"  # noqa: E731
+        """Times per world size, rank 0's compute and all-reduce apart; ``*`` marks more
+        ranks than cores."""
+        lines = [f"{'p':>2} {'native':>17} {'tp_simulate':>17} {'tensor parallel':>17} "
+                 f"{'compute':>8} {'all-reduce':>11}"]
+        cell = lambda t: f"{t.mean * 1e3:>7.2f} ± {t.std * 1e3:4.2f} ms"  # noqa: E731
         for p, r in self.runs.items():
-            over = (
-                "  (oversubscribed: more ranks than cores)" if device == "cpu" and p > cores else ""
-            )
             lines.append(
-                f"{p:>2} {cell(self.native.timing, 9)} {cell(self.simulated[p], 8)} "
-                f"{cell(r.step, 9)} {r.compute.mean * 1e3:>6.2f} ms "
-                f"{r.allreduce.mean * 1e3:>8.2f} ms{over}"
-            )
-        return "\n".join(lines)
+                f"{p:>2} {cell(self.native.timing)} {cell(self.simulated[p])} {cell(r.step)} "
+                f"{r.compute.mean * 1e3:>5.2f} ms {r.allreduce.mean * 1e3:>8.2f} ms"
+                + _over(p, cores, device))
+        return "\n".join(lines + _footnote(self.runs, cores, device))
+
+    def verdicts(self) -> list[str]:
+        """Per world size: tensor parallel's time over native's, and which was faster (a
+        difference within the two standard deviations is called noise)."""
+        native, lines = self.native.timing, []
+        for p, r in self.runs.items():
+            ratio = r.step.mean / native.mean
+            noise = abs(r.step.mean - native.mean) <= r.step.std + native.std
+            lines.append(f"p={p}: {ratio:.2f}x native's time: "
+                         f"{'faster' if ratio < 1 else 'slower'} than native"
+                         + ("; the gap is within the two std (noise)" if noise else ""))
+        return lines
+
+    def slower(self) -> list[int]:
+        """The world sizes at which tensor parallel took longer than native."""
+        return [p for p, r in self.runs.items() if r.step.mean > self.native.timing.mean]
 
     def wide_table(self, cores: int, device: str) -> str:
         """The wider FFN's forward per world size, and its speed-up over p = 1 (ideal: p)."""
         one = self.runs[min(self.runs)].wide.step
-        lines = [f"{'p':>2} {'forward':>17} {'compute':>9} {'all-reduce':>11} {'speed-up':>9} "
+        lines = [f"{'p':>2} {'forward':>18} {'compute':>9} {'all-reduce':>11} {'speed-up':>9} "
                  f"{'ideal':>6}"]  # fmt: skip
+        above = []
         for p, r in self.runs.items():
             w, gain = r.wide, one.mean / r.wide.step.mean
-            notes = (
-                ["oversubscribed: more ranks than cores"] if device == "cpu" and p > cores else []
-            )
             if gain > p:
-                notes.append("above p: each rank's products are 1/p as large (caches may serve "
-                             "them better); not measured here")  # fmt: skip
+                above.append(p)
             lines.append(
-                f"{p:>2} {w.step.mean * 1e3:>9.2f} ± {w.step.std * 1e3:4.2f} ms "
+                f"{p:>2} {w.step.mean * 1e3:>8.2f} ± {w.step.std * 1e3:5.2f} ms "
                 f"{w.compute.mean * 1e3:>6.2f} ms {w.allreduce.mean * 1e3:>8.2f} ms "
-                f"{gain:>8.2f}x {p:>5}x" + (f"  ({'; '.join(notes)})" if notes else "")
-            )
-        return "\n".join(lines)
+                f"{gain:>8.2f}x {p:>5}x" + _over(p, cores, device) + (" +" if gain > p else ""))
+        if above:
+            lines.append("+ above p: each rank's products are 1/p as large (caches may serve "
+                         "them better); not measured here")
+        return "\n".join(lines + _footnote(self.runs, cores, device))
+
+
+def _over(p: int, cores: int, device: str) -> str:
+    return " *" if device == "cpu" and p > cores else ""
+
+
+def _footnote(runs: dict, cores: int, device: str) -> list[str]:
+    if not any(_over(p, cores, device) for p in runs):
+        return []
+    return [f"* oversubscribed: more ranks than this machine's {cores} CPU core(s)"]
 
 
 def tp_sweep(config: TPFFNConfig, world_sizes: Sequence[int] = WORLD_SIZES) -> Sweep:

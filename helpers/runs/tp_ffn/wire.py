@@ -73,10 +73,13 @@ def every_rank(check: WireCheck, group=None) -> tuple[WireCheck, ...]:
 
 
 def wire_line(checks: tuple[WireCheck, ...]) -> str:
-    """What the ranks' sockets sent, in words: one number if they all agree."""
+    """What the ranks' sockets sent, in words: "= payload + headers ✓" where every rank sent
+    exactly gloo's prediction, else one number if they all agree, else each rank's."""
     if any(c.sent is None for c in checks):
         return f"not measured ({checks[0].reason})"
+    if all(c.sent == c.payload + c.headers for c in checks):
+        return "= payload + headers ✓"
     sent = sorted({c.sent for c in checks})
     if len(sent) == 1:
-        return f"{sent[0]:,} B on each of {len(checks)} rank(s)"
+        return f"{sent[0]:,} B"
     return ", ".join(f"rank {c.rank} {c.sent:,} B" for c in checks)

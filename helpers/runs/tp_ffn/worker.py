@@ -22,6 +22,7 @@ parallelism its own ranks (a ``DeviceMesh`` dimension is one).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -32,6 +33,7 @@ from helpers.core.checks import Proof
 from helpers.core.devices import dtype_name, resolve_dtype
 from helpers.runs.contract import serve
 from helpers.runs.tp_ffn.config import TPFFNConfig
+from helpers.runs.tp_ffn.display import say
 from helpers.runs.tp_ffn.native import info_line, run_native
 from helpers.runs.tp_ffn.results import SweepRun, TPRun, TrainStep, WideRun
 from helpers.runs.tp_ffn.wire import WireCheck, checked, every_rank, predict
@@ -71,11 +73,14 @@ def forward_wire(shard: nn.Module, x: torch.Tensor, rank: Rank) -> tuple[WireChe
 
 
 def tp_rank_run(config: TPFFNConfig, rank: Rank, *, dtensor: bool = False,
-                verbose: bool = True) -> TPRun:
+                verbose: bool = True, progress: Callable[[str], None] | None = None) -> TPRun:
     """This rank's share of the work for ``rank.world_size`` ranks, every collective in
     ``rank.group``; the shards come from ``config.folder(p)``. ``dtensor``: also prove
-    ``parallelize_module`` (whose mesh is the whole world). Returns this rank's result."""
+    ``parallelize_module`` (whose mesh is the whole world); ``progress`` is told each stage
+    as it starts. Returns this rank's result."""
+    progress = progress or (lambda stage: None)
     p, dtype = rank.world_size, resolve_dtype(config.dtype)
+    progress("forward, timed and proven")
     shard = load_shard(config.folder(p), p, rank.rank).to(rank.device, dtype).eval()
     x = config.input_batch(dtype, rank.device)
     out, compute, reduce, total = timed_forward(shard, x, config.iters, config.warmup, rank.group)
@@ -90,15 +95,20 @@ def tp_rank_run(config: TPFFNConfig, rank: Rank, *, dtensor: bool = False,
         )
     step = wide = None
     if config.train_step:
+        progress("one training step, proven")
         step = TrainStep(config.activation, config.lr,
                          *train_step_check(config, rank, config.activation, config.lr))
     if config.wide_sizes is not None:
+        progress("the wide FFN, timed")
         wide = WideRun(config.wide_sizes, *wide_timing(config.wide_sizes, rank, dtype, config.seed))
+    progress("memory, bytes on the wire")
+    memory, wire = rank_memory(config, rank, shard), forward_wire(shard, x, rank)
+    if dtensor:
+        progress("parallelize_module, proven")
     return TPRun(
         p, rank.backend, str(rank.device), dtype_name(dtype), tuple(out.shape),
         total_sum, abs_sum, Proof("output", diff, tol), compute, reduce, total,
-        ring_allreduce_bytes(out.numel() * out.element_size(), p),
-        rank_memory(config, rank, shard), forward_wire(shard, x, rank), step,
+        ring_allreduce_bytes(out.numel() * out.element_size(), p), memory, wire, step,
         prove_parallelize_module(config, rank, shard, x) if dtensor else None, wide,
     )  # fmt: skip
 
@@ -113,6 +123,7 @@ def sweep(config: TPFFNConfig, rank: Rank) -> SweepRun | None:
     places = first_ranks(rank, config.sweep)  # collective: every rank creates every group
     # torch.optim's first optimizer and parallelize_module import torch._dynamo (seconds
     # of CPU): every rank does it now, together, not each group in turn while others wait
+    say(rank, "importing torch._dynamo")
     import torch._dynamo  # noqa: F401
 
     dist.barrier()  # every rank ready before any clock runs
@@ -120,13 +131,17 @@ def sweep(config: TPFFNConfig, rank: Rank) -> SweepRun | None:
     native = None
     if rank.rank == 0:
         print(backend_line(rank, config.dtype), flush=True)
+        say(rank, "native FFN, the others wait")
         native = run_native(config, world, write=False)
     dist.barrier()  # the other ranks wait while rank 0 runs native
     runs = {}
-    for p in config.sweep:
+    for k, p in enumerate(config.sweep, 1):
         member = places[p]
         if member is not None:
-            runs[p] = tp_rank_run(config, member, dtensor=config.dtensor and p == world)
+            runs[p] = tp_rank_run(
+                config, member, dtensor=config.dtensor and p == world,
+                progress=lambda stage, k=k, p=p: say(
+                    rank, f"p={p} ({k}/{len(config.sweep)}): {stage}"))
         dist.barrier()  # ranks p .. world-1 wait for the group of the first p
     if rank.rank != 0:
         return None

@@ -7,15 +7,19 @@ from pathlib import Path
 
 from helpers.core.plotting import save_figure
 from helpers.core.sizes import format_bytes
+from helpers.runs.tp_ffn.wire import wire_line
 from helpers.runs.tp_llama.results import LlamaTPResult, ModeRun, StepTimes
+
+PROOFS_READ = ("each line: the largest difference over all ranks (weights: the tensor nearest "
+               "its bound)")
 
 
 def proof_lines(result: LlamaTPResult) -> str:
-    """Each mode's proofs against one process (and PyTorch's split against the hand one)."""
+    """Each mode's proofs against one process (and PyTorch's split against the hand one);
+    each line is read as :data:`PROOFS_READ` says."""
     lines = []
     for m in result.modes:
-        lines.append(f"tp={result.world_size}, {m.name}: against one process "
-                     "(largest difference over all ranks; weights: the tensor nearest its bound)")
+        lines.append(f"tp={result.world_size}, {m.name}, against one process:")
         lines += ["  " + p.line() for p in m.proofs]
         if m.native:
             lines.append("  parallelize_module + loss_parallel against the hand split:")
@@ -38,10 +42,21 @@ def kept_table(results: Sequence[LlamaTPResult]) -> str:
 
 def native_kept_table(results: Sequence[LlamaTPResult]) -> str:
     """What PyTorch's split (``parallelize_module``) kept for backward per part, beside the
-    hand split's, measured the same way, for each run that proved it."""
-    cols = [c for name, m in _columns(results) if m.native_kept for c in (
-        (f"{name} hand", m.kept, True), (f"{name} PyTorch", m.native_kept, m.native_kept == m.kept))]
-    return _parts_table(cols, "= hand") if cols else "PyTorch's split was not run"
+    hand split's, measured the same way, for each run that proved it: where the two keep
+    the same bytes, "= hand" stands for PyTorch's number."""
+    cols = [(name, m.kept, m.native_kept) for name, m in _columns(results) if m.native_kept]
+    if not cols:
+        return "PyTorch's split was not run"
+    width = max(len(c[0]) for c in cols) + 7
+    lines = [f"{'part':<12}" + "".join(f"{n + ' hand':>{width}}{'PyTorch':>14}" for n, _, _ in cols)]
+    for part in [*cols[0][1], "total"]:
+        row = f"{part:<12}"
+        for _, hand, theirs in cols:
+            mine, other = ((sum(hand.values()), sum(theirs.values())) if part == "total"
+                           else (hand[part], theirs[part]))
+            row += f"{format_bytes(mine):>{width}}{'= hand' if other == mine else format_bytes(other):>14}"
+        lines.append(row)
+    return "\n".join(lines)
 
 
 def _parts_table(cols: list[tuple[str, dict[str, int], bool]], same: str) -> str:
@@ -51,7 +66,7 @@ def _parts_table(cols: list[tuple[str, dict[str, int], bool]], same: str) -> str
         lines.append(f"{part:<12}" + "".join(f"{format_bytes(c[1][part]):>{width}}" for c in cols))
     lines.append(f"{'total':<12}" + "".join(
         f"{format_bytes(sum(c[1].values())):>{width}}" for c in cols))
-    lines.append(f"{same:<12}" + "".join(f"{'yes' if c[2] else 'NO':>{width}}" for c in cols))
+    lines.append(f"{same:<12}" + "".join(f"{'✓' if c[2] else 'NO':>{width}}" for c in cols))
     return "\n".join(lines)
 
 
@@ -67,24 +82,24 @@ def sent_table(results: Sequence[LlamaTPResult]) -> str:
                     and m.ring[collective] == m.planned_ring.get(collective)
                     and m.gloo[collective] == m.planned_gloo.get(collective))
             lines.append(f"{name if k == 0 else '':<14}{collective:<16}{m.calls[collective]:>6}"
-                         f"{'yes' if same else 'NO':>8}{format_bytes(m.ring[collective]):>15}"
+                         f"{'✓' if same else 'NO':>8}{format_bytes(m.ring[collective]):>15}"
                          f"{format_bytes(m.gloo[collective]):>13}")
     return "\n".join(lines)
 
 
 def wire_table(results: Sequence[LlamaTPResult]) -> str:
     """Per run, the step's bytes per rank: ring formula, gloo's algorithms (payload and
-    headers), and what each rank's sockets sent."""
+    headers), and what each rank's sockets sent ("= payload + headers ✓" where every rank
+    sent exactly that)."""
     lines = [f"{'run':<14}{'ring formula':>14}{'gloo payload':>14}{'+ headers':>11}"
-             f"{'on the wire, per rank':>24}  within gloo's prediction"]
+             "  on the wire, each rank"]
     for name, m in _columns(results):
-        w = m.wire[0]
-        sent = sorted({c.sent for c in m.wire if c.sent is not None})
-        shown = (f"{sent[0]:,} B" if len(sent) == 1 else
-                 " / ".join(f"{c:,}" for c in sent) if sent else "not read")
+        w, shown = m.wire[0], wire_line(tuple(m.wire))
+        if not shown.startswith(("=", "not measured")):
+            ok = all(c.ok for c in m.wire)
+            shown += ": within the prediction" if ok else ": NOT within the prediction"
         lines.append(f"{name:<14}{sum(m.ring.values()):>12,.0f} B{w.payload:>12,.0f} B"
-                     f"{w.headers:>9,} B{shown:>24}  "
-                     f"{'yes' if all(c.ok for c in m.wire) else 'NO'}")
+                     f"{w.headers:>9,} B  {shown}")
     return "\n".join(lines)
 
 
@@ -113,7 +128,8 @@ def timing_table(results: Sequence[LlamaTPResult]) -> str:
     return "\n".join(lines)
 
 
-def timing_chart(results: Sequence[LlamaTPResult], path: Path, title: str) -> Path:
+def timing_chart(results: Sequence[LlamaTPResult], path: Path, title: str, xlabel: str = ""
+                 ) -> Path:
     """Stacked bars per run: computation below, time in collectives above, mean +- std."""
     import matplotlib.pyplot as plt
 
@@ -130,8 +146,9 @@ def timing_chart(results: Sequence[LlamaTPResult], path: Path, title: str) -> Pa
            label="inside collectives (incl. waiting for other ranks)")
     ax.set_xticks(list(xs), names, rotation=15)
     ax.set_ylabel("time per training step on rank 0 (ms)")
+    ax.set_xlabel(xlabel)
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.27), ncol=2, frameon=False)
     return save_figure(fig, path)
 
 

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from helpers.comm.meter import CommMeter
 from helpers.memory.saved import SavedTensorMeter
 from helpers.runs.contract import serve
+from helpers.runs.tp_ffn.display import say
 from helpers.runs.tp_ffn.wire import checked, every_rank, predict
 from helpers.runs.tp_llama.config import LlamaTPConfig
 from helpers.runs.tp_llama.results import (
@@ -116,6 +117,7 @@ def mode_run(rank: Rank, config: LlamaTPConfig, model, ids, targets, reference: 
     """The hand split's step without or with sequence parallelism: its proof, its calls and
     bytes, its activations, and (``--native``) PyTorch's split against it."""
     group, tp, r = dist.group.WORLD, rank.world_size, rank.rank
+    say(rank, f"{_mode(sp)}: one step, proven")
     shard = TPLlama(model, r, tp).to(rank.device)
     scale = magnitudes(reference)
     tolerances = weight_tolerances(reference.grads, reference.weights, config.lr,
@@ -129,6 +131,7 @@ def mode_run(rank: Rank, config: LlamaTPConfig, model, ids, targets, reference: 
     wire = every_rank(checked(counter.wire, rank.backend, r, *predict(calls, tp, r)))
     native = placed = native_kept = None
     if config.native:
+        say(rank, f"{_mode(sp)}: parallelize_module")
         theirs, placed, native_kept = _native(rank, config, model, ids, targets, sp)
         native = _proven(model, rank, state, theirs, scale, tolerances, local=True)
     return ModeRun.measured(
@@ -139,13 +142,19 @@ def mode_run(rank: Rank, config: LlamaTPConfig, model, ids, targets, reference: 
         native_kept=native_kept)
 
 
-def _timed(config: LlamaTPConfig, step, cuda: bool) -> StepTimes:
+def _mode(sp: bool) -> str:
+    return "TP + SP" if sp else "TP"
+
+
+def _timed(config: LlamaTPConfig, step, cuda: bool, progress=None) -> StepTimes:
     """``warmup`` untimed steps, then ``time_steps`` steps: each step's seconds and the
     seconds it spent inside collectives (waiting for the other ranks included). The clock
     starts inside the meter's ``with``: its entry and exit (which also read the sockets'
-    counters) are not in the step's time."""
-    steps, comm = [], []
-    for k in range(config.warmup + config.time_steps):
+    counters) are not in the step's time. ``progress`` is told each step's number first."""
+    steps, comm, total = [], [], config.warmup + config.time_steps
+    for k in range(total):
+        if progress:
+            progress(f"step {k + 1} of {total}")
         clock = CommMeter(timed=True, synchronize=cuda)
         with clock:
             if cuda:
@@ -169,13 +178,15 @@ def timing_section(rank: Rank, config: LlamaTPConfig, model, ids, targets
         shard = TPLlama(model, rank.rank, rank.world_size).to(rank.device)
         dist.barrier()
         out[str(sp)] = _timed(config, lambda s=shard, sp=sp: rank_step(
-            s, ids, targets, group, config.lr, sequence_parallel=sp), cuda)
+            s, ids, targets, group, config.lr, sequence_parallel=sp), cuda,
+            lambda step, sp=sp: say(rank, f"timing {_mode(sp)}: {step}"))
     if config.time_one_process:
         dist.barrier()
         if rank.rank == 0:  # the others wait at the barrier below, idle
             one = copy.deepcopy(model)
-            out["one process"] = _timed(config, lambda: reference_step(one, ids, targets,
-                                                                       config.lr), cuda)
+            out["one process"] = _timed(
+                config, lambda: reference_step(one, ids, targets, config.lr), cuda,
+                lambda step: say(rank, f"timing one process: {step}"))
         dist.barrier()
     return out
 
@@ -186,6 +197,7 @@ def main(config: LlamaTPConfig, rank: Rank) -> LlamaTPResult:
     ids, targets = (t.to(rank.device) for t in make_batch(config.model.vocab, config.batch,
                                                           config.seq, config.seed))
     one = copy.deepcopy(model)
+    say(rank, "the one-process reference step")
     reference, one_kept = _kept(one, lambda on_loss: reference_step(
         one, ids, targets, config.lr, on_loss=on_loss))
     modes = [mode_run(rank, config, model, ids, targets, reference, sp) for sp in config.modes]

@@ -1,0 +1,66 @@
+"""Lesson 06's memory tables, narrow enough for a notebook's output area: each stage's
+ledger measured beside its prediction, PyTorch's tracker beside the course's ledger, and
+what fits on one card."""
+
+from __future__ import annotations
+
+import textwrap
+
+from helpers.core.sizes import format_bytes
+from helpers.memory.fits import Fit
+from helpers.memory.ledger import KINDS, DeviceMemory, Ledger
+from helpers.memory.torch_trackers import TrackerReport, compare_with_ledger
+
+HEADS = ("weights", "grads", "optimizer", "activations", "total")
+
+
+def _cells(row: DeviceMemory) -> list[int]:
+    return [*(getattr(row, k) for k in KINDS), row.total]
+
+
+def ledger_table(measured: Ledger, predicted: Ledger, title: str = "") -> str:
+    """Each row's measured ledger, then ``✓`` where the prediction equals it byte for byte
+    in every kind, else ``✗`` and a line naming the kinds where it differs, predicted."""
+    width = max([len(n) for n in measured.rows] + [6])
+    lines = [title] if title else []
+    lines.append(f"{'':<{width}}" + "".join(f"{h:>13}" for h in HEADS) + "  = predicted")
+    for name, row in measured.rows.items():
+        guess = predicted[name]
+        wrong = [f"{k} {format_bytes(getattr(guess, k))}" for k in KINDS
+                 if getattr(guess, k) != getattr(row, k)]
+        lines.append(f"{name:<{width}}" + "".join(f"{format_bytes(c):>13}" for c in _cells(row))
+                     + "  " + ("✗" if wrong else "✓"))
+        if wrong:
+            lines += textwrap.wrap("predicted: " + ", ".join(wrong), 100, initial_indent="  ",
+                                   subsequent_indent="    ")
+    return "\n".join(lines)
+
+
+def tracker_lines(report: TrackerReport, ledger_row: DeviceMemory, title: str = "") -> str:
+    """``MemTracker``'s categories beside the course's ledger, kind by kind (bytes): ours,
+    the tracker's own peak, their difference, the tracker at its global peak and after the
+    step; then the categories the ledger leaves out, and the two peaks."""
+    rows = [("kind", "tracker categories", "ours", "tracker", "difference", "at peak", "after")]
+    rows += [(r.kind, "+".join(r.categories), r.ours, r.own_peak, r.difference, r.at_peak,
+              r.at_end) for r in compare_with_ledger(report, ledger_row)]
+    matched = {c for cats in report.LEDGER_MATCH.values() for c in cats}
+    rows += [("(not ours)", n, "-", report.own_peaks[n], "-", report.at_peak[n], report.at_end[n])
+             for n in report.own_peaks if n not in matched]
+    lines = [title] if title else []
+    lines += [f"{a:<16}{b:<22}" + "".join(f"{c:>12,}" if isinstance(c, int) else f"{c:>12}"
+                                          for c in cells) for a, b, *cells in rows]
+    return "\n".join([*lines, f"peak: tracker {report.peak:,} B at one moment "
+                      f"(_update_peak_stats); ours adds four peaks: {ledger_row.total:,} B"])
+
+
+def fits_lines(rows: list[Fit], gpu_bytes: int) -> str:
+    """The estimator's fullest GPU per (model, layout), and whether it fits ``gpu_bytes``."""
+    widths = (11, 11, 12, 13, 12)
+    lines = [f"{'model':<10}{'layout':<19}{'GPUs':>5}"
+             + "".join(f"{h:>{w}}" for h, w in zip(HEADS, widths, strict=True)) + "  fits?"]
+    for r in rows:
+        lines.append(f"{r.model:<10}{r.layout:<19}{r.gpus:>5}"
+                     + "".join(f"{format_bytes(c):>{w}}"
+                               for c, w in zip(_cells(r.memory), widths, strict=True))
+                     + f"  {'yes' if r.fits else 'no'}")
+    return "\n".join([f"per GPU; fits: total <= {format_bytes(gpu_bytes)}", *lines])
