@@ -139,7 +139,8 @@ def _wait(proc: subprocess.Popen, timeout: float, status: LaunchStatus, log_dir:
                 if time.monotonic() >= deadline:
                     raise
             logs = rank_logs(log_dir, 0)
-            status.update(next((p for p in logs if p.name.startswith("stdout")), None))
+            # the newest attempt's log: after a restart, the running attempt's
+            status.update(next((p for p in reversed(logs) if p.name.startswith("stdout")), None))
     finally:
         status.close()
 

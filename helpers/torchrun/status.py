@@ -31,7 +31,8 @@ def last_line(path: Path | None) -> str:
 
 def status_line(module: str, nproc: int, seconds: float, rank0: str) -> str:
     """The line shown, cut to :data:`WIDTH` characters."""
-    line = f"{module}: {nproc} rank(s) running, {seconds:.0f} s" + (
+    name = ".".join(module.split(".")[-2:])  # e.g. llama_3d.suite: room for rank 0's line
+    line = f"{name}: {nproc} rank(s) running, {seconds:.0f} s" + (
         f"; rank 0: {rank0}" if rank0 else "")
     return line if len(line) <= WIDTH else line[:WIDTH - 1] + "…"
 

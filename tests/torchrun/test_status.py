@@ -13,7 +13,7 @@ def test_the_line_names_the_launch_and_rank_0s_last_words_within_the_width(tmp_p
     log.write_bytes(b"step 1\nstep 2 \xff\n\n")
     assert status.last_line(log) == "step 2 \ufffd"
     line = status.status_line("helpers.runs.x.worker", 8, 12.4, "layout 3 of 9")
-    assert line == "helpers.runs.x.worker: 8 rank(s) running, 12 s; rank 0: layout 3 of 9"
+    assert line == "x.worker: 8 rank(s) running, 12 s; rank 0: layout 3 of 9"
     long = status.status_line("m", 2, 1.0, "x" * 300)
     assert len(long) == status.WIDTH and long.endswith("…")
     assert status.status_line("m", 2, 1.0, "") == "m: 2 rank(s) running, 1 s"
