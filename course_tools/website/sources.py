@@ -106,6 +106,12 @@ def copy_mathjax(target: Path) -> None:
     shutil.copy2(source / MATHJAX_ENTRY, target / MATHJAX_ENTRY)
 
 
+def site_glossary(text: str) -> str:
+    """The glossary without its ``<a id>`` lines: the site's headings carry the same ids,
+    and an empty element holding one would be what its search shows for the entry."""
+    return re.sub(r'^<a id="[^"]*"></a>\n\n', "", text, flags=re.MULTILINE)
+
+
 def _write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.is_file() or path.read_text(encoding="utf-8") != text:
@@ -138,7 +144,7 @@ def assemble(src: Path, repo: Path, notebooks: list[Path], config: Path) -> list
     for path in notebooks:
         _copy(path, src / "notebooks" / path.name)
     if has_glossary:
-        _copy(glossary, src / GLOSSARY)
+        _write(src / GLOSSARY, site_glossary(glossary.read_text(encoding="utf-8")))
     else:
         (src / GLOSSARY).unlink(missing_ok=True)
     copy_mathjax(src / "_assets" / "mathjax")

@@ -290,3 +290,10 @@ def test_browser_check_reports_broken_image_and_external_script():
     assert any(p.page == "broken.html" and "request https://cdn.invalid/lib.js" in p.element for p in problems)  # fmt: skip
     assert any("image not decoded" in p.detail for p in problems)
     assert all(p.page == "broken.html" for p in problems)
+
+
+def test_the_site_glossary_drops_the_anchor_lines_its_headings_already_give():
+    from course_tools.website.sources import site_glossary
+
+    text = '# G\n\n<a id="bubble"></a>\n\n## Bubble\n\nIdle time.\n'
+    assert site_glossary(text) == "# G\n\n## Bubble\n\nIdle time.\n"
