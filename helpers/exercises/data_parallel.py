@@ -50,8 +50,8 @@ def _zero2_mistakes(p: int, n: int) -> list[tuple[float, str]]:
         (zero_bytes(p, n, 1), "that is ZeRO-1's count, where every rank keeps all the "
          "gradients. ZeRO-2 shards the gradients too: a rank keeps only the part of them it "
          "updates"),
-        (zero_bytes(p, n, 3), "that is ZeRO-3's count. ZeRO-2 does not shard the weights: "
-         "every rank runs the whole forward and backward, so it keeps all of them"),
+        (zero_bytes(p, n, 3), "that is ZeRO-3's count. ZeRO-2 shards only the gradients and "
+         "the optimizer state; every rank keeps all the weights"),
         (zero_bytes(p, n, 0), "that is plain data parallelism's count (DDP), every rank "
          "holding everything. Which of the three kinds does ZeRO-2 shard over the ranks?"),
         (2 * p + 14 * p * ring, SENDS_NOT_KEEPS),
@@ -86,7 +86,7 @@ def check_zero2_bytes(zero2_bytes: Callable[[int, int], float]) -> str:
         raise Wrong(f"{call} = {got:,.0f}; a rank holds {want:,.0f} bytes", hint)
     llama = LLAMA_7B_SHAPE.parameters()
     mine, table = zero_bytes(llama, DP, 2), estimated_states(2)
-    block = GRAD_BYTES * LLAMA_7B_SHAPE.block_parameters()[0]  # elements
+    block = GRAD_BYTES * LLAMA_7B_SHAPE.block_parameters()[0]  # bytes: one block's gradient
     return (f"Llama-7B on {DP} GPUs: {format_bytes(mine)} per rank under ZeRO-2 against "
             f"{format_bytes(zero_bytes(llama, DP, 0))} with DDP, before any activations. The "
             "16-bit weights, which ZeRO-2 still copies to every rank, are now the largest "

@@ -115,10 +115,22 @@ def _hint(dim: str, got: list[list[int]], want: Groups, sizes: dict[str, int]) -
     if sorted(r for g in got for r in g) != list(range(world_size)):
         return (f"the groups along one dimension split all {world_size} ranks: each rank is "
                 f"in exactly one of them")
-    for order in itertools.permutations(DIMS):
-        if order != DIMS and _groups_in_order(sizes, order, dim) == got:
-            return (f"those groups number the ranks with {order[-1]} varying fastest and "
-                    f"{order[0]} slowest; {ROW_MAJOR}")
+    orders = [order for order in itertools.permutations(DIMS)
+              if order != DIMS and _groups_in_order(sizes, order, dim) == got]
+    if orders:
+        # a dimension of size 1 varies at no speed: leave it out of the ordering
+        real = [tuple(d for d in order if sizes[d] > 1) for order in orders]
+        fastest = {order[-1] for order in real if order}
+        slowest = {order[0] for order in real if order}
+        if len(set(real)) == 1 and len(real[0]) > 1:  # one ordering explains them
+            return (f"those groups number the ranks with {real[0][-1]} varying fastest "
+                    f"and {real[0][0]} slowest; {ROW_MAJOR}")
+        if len(fastest) == 1:  # several do: say only what they share
+            return (f"those groups number the ranks with {fastest.pop()} varying fastest; "
+                    f"{ROW_MAJOR}")
+        if len(slowest) == 1:
+            return (f"those groups number the ranks with {slowest.pop()} varying slowest; "
+                    f"{ROW_MAJOR}")
     return f"{GROUP}; {ROW_MAJOR}"
 
 

@@ -148,7 +148,7 @@ def _sp_mistakes(t: int, h: int, tp: int, e: int) -> list[tuple[float, str]]:
          "each norm also keeps one float32 rstd per token, a statistic of that token, so it "
          "is split by tokens like the rest"),
         (t * (4 * h + 2) * e * saved, "the norms' statistics stay float32 whatever "
-         "element_size the activations use (autocast keeps them so)"),
+         "element_size the activations use (the norm kernels compute them in float32)"),
         (t * (4 * h * e + s) * saved, "a block has two norms (before attention and before the "
          "MLP), and each keeps its own statistics"),
         (t * (4 * h * e + 2 * s) / tp, "that is what a rank still keeps of these tensors; the "
