@@ -12,7 +12,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -25,7 +24,7 @@ from pathlib import Path
 
 from course_tools.lab import LabError
 from helpers.core.paths import REPO_ROOT
-from helpers.torchrun.launcher import free_port
+from helpers.torchrun.launcher import free_port, kill_group
 
 OVERRIDES = REPO_ROOT / "docs" / "lab" / "overrides.json"
 LANDING = "/lab/tree/notebooks"  # where `make lab` opens: the lessons' folder
@@ -82,7 +81,7 @@ def jupyter_lab(root: Path, timeout: float = 60.0) -> Iterator[Lab]:
             yield lab
         finally:
             _shut_down_kernels(lab)
-            _stop(server)
+            kill_group(server, grace=10.0)  # its process group, SIGKILL what is left
 
 
 def _wait_until_up(lab: Lab, server: subprocess.Popen, timeout: float) -> None:
@@ -112,20 +111,3 @@ def _shut_down_kernels(lab: Lab) -> None:
             urllib.request.urlopen(request, timeout=30).close()
     except OSError:  # the server is gone already: its kernels went with its shutdown
         pass
-
-
-def _stop(server: subprocess.Popen) -> None:
-    """SIGTERM the server's process group (its kernels too), then SIGKILL what is left."""
-    for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(server.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            server.wait(timeout=grace)
-            os.killpg(server.pid, signal.SIGKILL)  # kernels that outlived the server
-        except subprocess.TimeoutExpired:
-            continue
-        except ProcessLookupError:
-            return
-        return

@@ -80,3 +80,11 @@ def gloo_header_bytes(collective: str, n: int, nbytes: int, rank: int = 0,
 def p2p_header_bytes(sends: int, receives: int) -> int:
     """Header bytes of ``sends`` point-to-point sends and ``receives`` receives."""
     return PER_SEND * sends + PER_RECEIVE * receives
+
+
+def wire_within(wire: float | None, payload: float, headers: float) -> bool | None:
+    """Whether the bytes read from the sockets lie between gloo's payload and that plus its
+    headers (the verdict every lesson applies to the wire); None where it was not read."""
+    if wire is None:
+        return None
+    return payload <= wire <= payload + headers

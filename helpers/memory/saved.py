@@ -78,6 +78,11 @@ class SavedTensorMeter:
     def _unpack(packed: object) -> torch.Tensor:
         return packed.tensor if isinstance(packed, _Held) else packed
 
+    @property
+    def live_bytes(self) -> int:
+        """Bytes saved for the backward and alive now, every part together."""
+        return sum(self.live.values())
+
     def reset_peak(self) -> None:
         """Start a new peak from what is live now."""
         self.peak = defaultdict(int, self.live)

@@ -236,7 +236,9 @@ def explain_differences(report: TrackerReport, ledger_row: DeviceMemory) -> list
 
 
 def tracker_table(report: TrackerReport, ledger_row: DeviceMemory, title: str = "") -> str:
-    """:func:`compare_with_ledger` as text in bytes, the categories it leaves out, the peaks."""
+    """:func:`compare_with_ledger` as text in bytes (within 100 characters a line): per kind
+    ours, the tracker's own peak, their difference, the tracker at its global peak and after
+    the step; then the categories the ledger leaves out, and the two peaks."""
     rows = [("kind", "tracker categories", "ours", "tracker", "difference", "at peak", "after")]
     rows += [(r.kind, "+".join(r.categories), r.ours, r.own_peak, r.difference, r.at_peak,
               r.at_end) for r in compare_with_ledger(report, ledger_row)]
@@ -244,7 +246,7 @@ def tracker_table(report: TrackerReport, ledger_row: DeviceMemory, title: str = 
     rows += [("(not ours)", n, "-", report.own_peaks[n], "-", report.at_peak[n], report.at_end[n])
              for n in report.own_peaks if n not in matched]
     lines = [title] if title else []
-    lines += [f"{a:<16}{b:<24}" + "".join(f"{c:>13,}" if isinstance(c, int) else f"{c:>13}"
+    lines += [f"{a:<16}{b:<22}" + "".join(f"{c:>12,}" if isinstance(c, int) else f"{c:>12}"
                                           for c in cells) for a, b, *cells in rows]
     return "\n".join([*lines, f"peak: tracker {report.peak:,} B at one moment "
                        f"(_update_peak_stats); ours adds four peaks: {ledger_row.total:,} B"])

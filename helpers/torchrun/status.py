@@ -14,9 +14,16 @@ import sys
 import time
 from pathlib import Path
 
+from helpers.core.text import WIDTH
 from helpers.core.timing import PROGRESS_ENV
+from helpers.torchrun.ranks import Rank
 
-WIDTH = 100  # characters: fits a JupyterLab output area beside the file browser
+
+def say(rank: Rank | int, line: str) -> None:
+    """Rank 0 of a launch prints ``line`` at once (flushed): while the cell waits, the live
+    line shows the last line rank 0 printed. Other ranks say nothing."""
+    if (rank if isinstance(rank, int) else rank.rank) == 0:
+        print(line, flush=True)
 
 
 def last_line(path: Path | None) -> str:

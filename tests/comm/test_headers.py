@@ -11,6 +11,7 @@ from helpers.comm.headers import (
     broadcast_pieces,
     gloo_header_bytes,
     p2p_header_bytes,
+    wire_within,
 )
 
 
@@ -31,3 +32,9 @@ def test_all_gather_broadcast_and_point_to_point():
     assert p2p_header_bytes(4, 4) == 576  # a pipeline rank's step in lesson 04
     with pytest.raises(ValueError, match="valid choices"):
         gloo_header_bytes("all_to_all", 2, 8)
+
+
+def test_the_wire_verdict_is_the_payload_up_to_its_headers():
+    assert wire_within(100, 100.0, 10) and wire_within(110, 100.0, 10)
+    assert wire_within(99, 100.0, 10) is False and wire_within(111, 100.0, 10) is False
+    assert wire_within(None, 100.0, 10) is None  # not read: nothing judged

@@ -292,9 +292,9 @@ def test_the_memory_tables_fit_an_output_area_and_mark_a_prediction_that_differs
     from helpers.memory import LLAMA_7B_SHAPE, LLAMA_70B_SHAPE, measure_training_memory
     from helpers.memory.fits import LAYOUTS, fits_table
     from helpers.memory.ledger import DeviceMemory, Ledger
-    from helpers.memory.torch_trackers import track_step
+    from helpers.memory.torch_trackers import track_step, tracker_table
     from helpers.models.toy import ToyModel
-    from helpers.runs.data_parallel.memory_tables import fits_lines, tracker_lines
+    from helpers.runs.data_parallel.memory_tables import fits_lines
 
     card = 80 * 2**30
     rows = fits_table({"Llama-7B": LLAMA_7B_SHAPE, "Llama-70B": LLAMA_70B_SHAPE},
@@ -303,7 +303,7 @@ def test_the_memory_tables_fit_an_output_area_and_mark_a_prediction_that_differs
     row = next(iter(measure_training_memory(toy, x, y, optimizer="adam").rows.values()))
     one = Ledger({"DDP": DeviceMemory(1, 2, 3, 4)})
     other = Ledger({"DDP": DeviceMemory(1, 2, 5, 4)})
-    texts = [fits_lines(rows, card), tracker_lines(track_step(toy, x, y, optimizer="adam"), row),
+    texts = [fits_lines(rows, card), tracker_table(track_step(toy, x, y, optimizer="adam"), row),
              ledger_table(one, one), ledger_table(one, other)]
     assert max(len(line) for t in texts for line in t.splitlines()) <= 100
     assert texts[2].endswith("✓") and texts[3].endswith("✗\n  predicted: optimizer_state 5 B")

@@ -81,6 +81,25 @@ def test_the_run_configs_read_the_profile():
     assert TrainerConfig.for_profile(profile, dp=2).batch == profile.composed.batch
 
 
+def test_the_case_for_tp_innermost_fails_when_tp_sends_more_or_calls_less():
+    from types import SimpleNamespace
+
+    from helpers.runs.llama_3d.results import SuiteResult, Traffic
+
+    def rank(calls, ring):
+        gloo = {d: 2.0 * b for d, b in ring.items()}
+        return SimpleNamespace(traffic=Traffic(calls, ring, gloo, {}, None))
+
+    full = rank({"tp": 40, "dp": 6, "pp": 3}, {"tp": 290.0, "dp": 306.0, "pp": 16.0})
+    order = SuiteResult.mesh_order(SimpleNamespace(runs=[SimpleNamespace(ranks=[full])]))
+    assert order.ok and str(order).endswith("tp sends 18 x the bytes of pp")
+    tp_heavier = rank({"tp": 40, "dp": 6}, {"tp": 400.0, "dp": 306.0})
+    fewer_calls = rank({"tp": 4, "dp": 6}, {"tp": 290.0, "dp": 306.0})
+    for planted in (tp_heavier, fewer_calls):
+        runs = [SimpleNamespace(ranks=[planted]), SimpleNamespace(ranks=[full])]
+        assert not SuiteResult.mesh_order(SimpleNamespace(runs=runs)).ok
+
+
 def test_the_taught_loop_trains_without_a_harness_and_calls_its_hooks_in_order(tmp_path):
     """One process, gloo: ``train_3d`` alone equals the one-process run exactly; a hook
     sees the start, each step around its update, and each step's end."""

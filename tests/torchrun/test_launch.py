@@ -443,15 +443,21 @@ def test_a_launch_that_writes_no_result_is_an_error(stand_in, tmp_path):
         launcher.run_module("pkg.worker", nproc=1, log_dir=logs)
 
 
-def test_a_hung_launch_is_killed_at_its_timeout(stand_in, tmp_path, monkeypatch):
-    started = []
+@pytest.fixture
+def started(monkeypatch):
+    """The launcher's processes, recorded as it starts them."""
+    seen = []
 
     class Recorded(subprocess.Popen):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            started.append(self)
+            seen.append(self)
 
     monkeypatch.setattr(launcher.subprocess, "Popen", Recorded)
+    return seen
+
+
+def test_a_hung_launch_is_killed_at_its_timeout(stand_in, tmp_path, started):
     stand_in("import time; time.sleep(10)")
     rank0 = tmp_path / "logs" / "r" / "attempt_0" / "0"
     rank0.mkdir(parents=True)
@@ -517,20 +523,12 @@ def test_launch_retries_a_picked_port_taken_meanwhile_but_nothing_else(monkeypat
 
 
 def test_a_stopped_launch_says_its_ranks_were_ended_and_nothing_is_left(stand_in, tmp_path,
-                                                                       monkeypatch):
+                                                                       started):
     import _thread
     import threading
 
     from helpers.core.errors import LaunchStopped
 
-    started = []
-
-    class Recorded(subprocess.Popen):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            started.append(self)
-
-    monkeypatch.setattr(launcher.subprocess, "Popen", Recorded)
     stand_in("import time; time.sleep(30)")
     threading.Timer(1.0, _thread.interrupt_main).start()  # the learner presses Stop
     start = time.time()

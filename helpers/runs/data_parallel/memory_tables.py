@@ -9,7 +9,6 @@ import textwrap
 from helpers.core.sizes import format_bytes
 from helpers.memory.fits import Fit
 from helpers.memory.ledger import KINDS, DeviceMemory, Ledger
-from helpers.memory.torch_trackers import TrackerReport, compare_with_ledger
 
 HEADS = ("weights", "grads", "optimizer", "activations", "total")
 
@@ -34,23 +33,6 @@ def ledger_table(measured: Ledger, predicted: Ledger, title: str = "") -> str:
             lines += textwrap.wrap("predicted: " + ", ".join(wrong), 100, initial_indent="  ",
                                    subsequent_indent="    ")
     return "\n".join(lines)
-
-
-def tracker_lines(report: TrackerReport, ledger_row: DeviceMemory, title: str = "") -> str:
-    """``MemTracker``'s categories beside the course's ledger, kind by kind (bytes): ours,
-    the tracker's own peak, their difference, the tracker at its global peak and after the
-    step; then the categories the ledger leaves out, and the two peaks."""
-    rows = [("kind", "tracker categories", "ours", "tracker", "difference", "at peak", "after")]
-    rows += [(r.kind, "+".join(r.categories), r.ours, r.own_peak, r.difference, r.at_peak,
-              r.at_end) for r in compare_with_ledger(report, ledger_row)]
-    matched = {c for cats in report.LEDGER_MATCH.values() for c in cats}
-    rows += [("(not ours)", n, "-", report.own_peaks[n], "-", report.at_peak[n], report.at_end[n])
-             for n in report.own_peaks if n not in matched]
-    lines = [title] if title else []
-    lines += [f"{a:<16}{b:<22}" + "".join(f"{c:>12,}" if isinstance(c, int) else f"{c:>12}"
-                                          for c in cells) for a, b, *cells in rows]
-    return "\n".join([*lines, f"peak: tracker {report.peak:,} B at one moment "
-                      f"(_update_peak_stats); ours adds four peaks: {ledger_row.total:,} B"])
 
 
 def fits_lines(rows: list[Fit], gpu_bytes: int) -> str:

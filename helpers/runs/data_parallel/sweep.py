@@ -30,13 +30,7 @@ from helpers.runs.data_parallel.config import DataParallelConfig
 from helpers.runs.data_parallel.results import collective_check
 from helpers.runs.data_parallel.traffic import CollectiveSize
 from helpers.torchrun.ranks import Rank, max_over_ranks
-
-
-def say(rank: Rank, text: str) -> None:
-    """Print ``text`` on rank 0, at once: while a cell waits for the launch, the launcher
-    shows rank 0's last line."""
-    if rank.rank == 0:
-        print(text, flush=True)
+from helpers.torchrun.status import say
 
 
 def collective_call(name: str, world_size: int, nbytes: int, device,

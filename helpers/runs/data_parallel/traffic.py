@@ -20,7 +20,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from helpers.comm.collectives import gloo_bytes, ring_bytes
-from helpers.comm.headers import gloo_header_bytes
+from helpers.comm.headers import gloo_header_bytes, wire_within
 from helpers.comm.meter import _C10D_OPS, CommMeter, _bytes
 from helpers.runs.contract import Record
 
@@ -146,9 +146,7 @@ class TrafficCheck:
     @property
     def wire_ok(self) -> bool | None:
         """gloo <= wire <= gloo + allowance; None when the wire was not read."""
-        if self.wire is None:
-            return None
-        return self.gloo <= self.wire <= self.gloo + self.allowance
+        return wire_within(self.wire, self.gloo, self.allowance)
 
     @property
     def ok(self) -> bool:

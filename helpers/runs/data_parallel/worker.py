@@ -45,9 +45,10 @@ from helpers.runs.data_parallel.results import (
     step_proofs,
     zero_proofs,
 )
-from helpers.runs.data_parallel.sweep import collectives_section, say
+from helpers.runs.data_parallel.sweep import collectives_section
 from helpers.runs.data_parallel.traffic import NCCL_WIRE, CallLog, Traffic
 from helpers.torchrun.ranks import Rank, max_over_ranks
+from helpers.torchrun.status import say
 
 Pairs = list[tuple[str, torch.Tensor]]
 

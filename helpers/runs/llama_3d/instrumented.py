@@ -33,6 +33,7 @@ from helpers.runs.llama_3d.digest import gathered_fingerprint, parameter_names
 from helpers.runs.llama_3d.measure import StageMeter, held
 from helpers.runs.llama_3d.reference import compare_weights, reference_run
 from helpers.runs.llama_3d.results import DIMS, LayoutRun, RankRecord, Traffic
+from helpers.torchrun.status import say
 
 NCCL_WIRE = ("not read: NCCL's collectives go over NVLink, PCIe or InfiniBand, not this "
              "process's TCP sockets")
@@ -41,13 +42,6 @@ NCCL_WIRE = ("not read: NCCL's collectives go over NVLink, PCIe or InfiniBand, n
 def attempt() -> int:
     """torchrun's restart count of this launch (0: the first attempt)."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-
-
-def say(text: str) -> None:
-    """Print ``text`` on rank 0, at once: the launcher shows rank 0's last line while the
-    cell waits."""
-    if dist.get_rank() == 0:
-        print(text, flush=True)
 
 
 def _sync(device: torch.device) -> None:
@@ -88,7 +82,7 @@ class Instruments(Hooks):
             self.first, state.losses[:] = manifest.step + 1, manifest.losses
             self.loaded_ok = self.fingerprint() == manifest.weights_sha256
             again = f" (attempt {attempt()})" if attempt() else ""
-            say(f"{self.progress}resumed after {manifest.step + 1} of {config.steps} steps{again}")
+            say(dist.get_rank(), f"{self.progress}resumed after {manifest.step + 1} of {config.steps} steps{again}")
         dims = {d: state.mesh[d].get_group() for d in DIMS if getattr(config.layout, d) > 1}
         self.comms = CommMeter(dims, timed=True, synchronize=self.device.type == "cuda")
         self.comms.wire = contextlib.nullcontext()  # its reads would fall inside the clock
@@ -113,7 +107,7 @@ class Instruments(Hooks):
         config = self.config
         if step == config.kill_step and dist.get_rank() == config.kill_rank and not attempt():
             os.kill(os.getpid(), signal.SIGKILL)  # what a crashed node looks like to the others
-        say(f"{self.progress}step {step + 1} of {config.steps}: {config.layout}")
+        say(dist.get_rank(), f"{self.progress}step {step + 1} of {config.steps}: {config.layout}")
         timed = step > self.first  # the first step warms up (and allocates); not timed
         self.meter.reset_peak()
         self.before = max(self.meter.live.values(), default=0)  # kept from an earlier step
@@ -158,7 +152,7 @@ class Instruments(Hooks):
     def record(self) -> LayoutRun:
         """Collective over the mesh: every rank's record, against the one-process run."""
         config, state = self.config, self.state
-        say(f"{self.progress}comparing to one process")
+        say(dist.get_rank(), f"{self.progress}comparing to one process")
         coords = {d: state.mesh.get_local_rank(d) for d in ("pp", "dp", "tp")}
         ref = reference_run(config, self.device)
         diff, compared = compare_weights(state.module, ref.weights, state.group,

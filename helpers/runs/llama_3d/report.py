@@ -87,23 +87,6 @@ def wire_table(runs: list[LayoutRun]) -> str:
     return "\n".join(lines)
 
 
-def shell_command(words: list[str], width: int = 90) -> str:
-    """A command as a shell takes it, over lines of at most ``width`` characters joined by
-    " \\": each flag kept on one line with its value."""
-    units: list[str] = []
-    for word in words:
-        if units and not word.startswith("-") and units[-1].startswith("--"):
-            units[-1] += f" {word}"  # a flag's value
-        else:
-            units.append(word)
-    lines = [""]
-    for unit in units:
-        if lines[-1] and len(lines[-1]) + 1 + len(unit) > width - 6:
-            lines.append("")
-        lines[-1] += f" {unit}" if lines[-1] else unit
-    return " \\\n    ".join(lines)
-
-
 def time_table(runs: list[LayoutRun]) -> str:
     """Per layout and pipeline stage (one rank each): the step (mean +- std) and its time in
     each dimension's traffic, in ms."""

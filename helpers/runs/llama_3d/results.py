@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from helpers.comm.headers import wire_within
 from helpers.composed.layout import Layout
 from helpers.memory.ledger import KINDS, DeviceMemory
 from helpers.runs.contract import Record
@@ -124,9 +125,7 @@ class RankRecord(Record):
         """The bytes on this rank's sockets lie between gloo's payload for the calls issued
         and that payload plus ``HEADER_BYTES`` per call; None where the wire was not read."""
         t = self.traffic
-        if t.wire is None:
-            return None
-        return t.total_gloo <= t.wire <= t.total_gloo + t.headers
+        return wire_within(t.wire, t.total_gloo, t.headers)
 
     @property
     def sent_ok(self) -> bool:
@@ -236,3 +235,37 @@ class SuiteResult(Record):
     @property
     def ok(self) -> bool:
         return all(r.ok for r in [*self.runs, self.two_d, self.back])
+
+    def mesh_order(self) -> MeshOrder:
+        """The counted traffic's case for tp innermost (:class:`MeshOrder`)."""
+        ranks = [r for run in self.runs for r in run.ranks]
+        both = [r.traffic for r in ranks if {"dp", "tp"} <= set(r.traffic.ring)]
+        with_tp = [r.traffic for r in ranks if "tp" in r.traffic.calls]
+        return MeshOrder(
+            fsdp_sends_more=all(t.ring["dp"] > t.ring["tp"] for t in both),
+            tp_calls_most=all(t.calls["tp"] == max(t.calls.values()) for t in with_tp),
+            full=self.runs[-1].ranks[0].traffic)
+
+
+@dataclass(frozen=True)
+class MeshOrder:
+    """Why tp is innermost, from the counted traffic: not its bytes (FSDP, over dp, sends
+    more wherever both run) but its calls (tp makes the most on every rank that has it)."""
+
+    fsdp_sends_more: bool
+    tp_calls_most: bool
+    full: Traffic  # the full 3-D layout's rank 0, per step
+
+    @property
+    def ok(self) -> bool:
+        return self.fsdp_sends_more and self.tp_calls_most
+
+    def __str__(self) -> str:
+        from helpers.core.sizes import format_bytes
+
+        full = self.full
+        return "\n".join([
+            "the 2 x 2 x 2 layout's rank 0, per step, by gloo's algorithms:",
+            "  " + "; ".join(f"{d} {full.calls[d]:.0f} calls, {format_bytes(full.gloo[d])}"
+                             for d in ("tp", "dp", "pp")),
+            f"  tp sends {full.gloo['tp'] / full.gloo['pp']:.0f} x the bytes of pp"])

@@ -30,13 +30,7 @@ from helpers.runs.pipeline.config import PipelineConfig
 from helpers.runs.pipeline.results import PipelineResult, StageProof, TimedRun
 from helpers.runs.pipeline.timings import training_step_fn
 from helpers.torchrun.ranks import Rank
-
-
-def say(rank: Rank, text: str) -> None:
-    """Print ``text`` on rank 0, at once: while a cell waits for the launch, the launcher
-    shows rank 0's last line."""
-    if rank.rank == 0:
-        print(text, flush=True)
+from helpers.torchrun.status import say
 
 
 def same_batch(config: PipelineConfig,

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 import torch.distributed.pipelining.schedules as schedules_module
 
-from helpers.comm.headers import PER_RECEIVE, PER_SEND
+from helpers.comm.headers import PER_RECEIVE, PER_SEND, wire_within
 from helpers.runs.contract import Record
 
 HEADERS_PER_SEND = PER_SEND  # NOTIFY_SEND_READY, then the tensor's own preamble
@@ -99,6 +99,5 @@ class RankTransfers(Record):
         tensors + headers]."""
         as_planned = (self.sends == self.receives == planned
                       and self.sent_bytes == planned * message_bytes)
-        wire = self.wire_sent
-        return as_planned and (wire is None or self.sent_bytes <= wire <= self.sent_bytes
-                               + self.headers)
+        return as_planned and wire_within(self.wire_sent, self.sent_bytes,
+                                          self.headers) is not False

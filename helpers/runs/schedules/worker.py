@@ -31,6 +31,7 @@ from helpers.runs.schedules.config import SchedulesConfig, validate_plan
 from helpers.runs.schedules.results import ScheduleRun, SchedulesResult, StepProof
 from helpers.runs.schedules.transfers import RankTransfers, count_transfers
 from helpers.torchrun.ranks import Rank
+from helpers.torchrun.status import say
 
 
 def wire_reason(backend: str, wire: WireMeter) -> str | None:
@@ -38,12 +39,6 @@ def wire_reason(backend: str, wire: WireMeter) -> str | None:
     if backend != "gloo":
         return f"backend {backend}: the tensors go device to device, not through the sockets"
     return wire.reason
-
-
-def say(rank: Rank, text: str) -> None:
-    """Print ``text`` on rank 0, at once: the launcher shows rank 0's last line."""
-    if rank.rank == 0:
-        print(text, flush=True)
 
 
 def metered_step(pipe, rank: Rank, x: torch.Tensor, y: torch.Tensor) -> dict:

@@ -23,11 +23,11 @@ from helpers.core.checks import Proof
 from helpers.core.devices import resolve_dtype
 from helpers.runs.contract import serve
 from helpers.runs.tp_ffn.config import MeshConfig
-from helpers.runs.tp_ffn.display import say
 from helpers.runs.tp_ffn.results import MeshRun
 from helpers.tensor_parallel.block import shard_vs_full
 from helpers.tensor_parallel.proofs import output_tolerance
 from helpers.torchrun.ranks import Rank, max_over_ranks
+from helpers.torchrun.status import say
 
 
 def sgd_step(model: torch.nn.Module, x: torch.Tensor, lr: float, dp_group=None, dp: int = 1):

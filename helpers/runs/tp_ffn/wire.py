@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from helpers.comm.collectives import gloo_bytes
-from helpers.comm.headers import gloo_header_bytes
+from helpers.comm.headers import gloo_header_bytes, wire_within
 from helpers.comm.wire import WireMeter
 from helpers.runs.contract import Record
 
@@ -37,7 +37,7 @@ class WireCheck(Record):
     @property
     def ok(self) -> bool:
         """The verdict: payload <= sent <= payload + headers (nothing to judge if None)."""
-        return self.sent is None or self.payload <= self.sent <= self.payload + self.headers
+        return wire_within(self.sent, self.payload, self.headers) is not False
 
     @property
     def beyond_payload(self) -> int | None:

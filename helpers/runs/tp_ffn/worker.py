@@ -33,7 +33,6 @@ from helpers.core.checks import Proof
 from helpers.core.devices import dtype_name, resolve_dtype
 from helpers.runs.contract import serve
 from helpers.runs.tp_ffn.config import TPFFNConfig
-from helpers.runs.tp_ffn.display import say
 from helpers.runs.tp_ffn.native import info_line, run_native
 from helpers.runs.tp_ffn.results import SweepRun, TPRun, TrainStep, WideRun
 from helpers.runs.tp_ffn.wire import WireCheck, checked, every_rank, predict
@@ -49,6 +48,7 @@ from helpers.tensor_parallel.rank_work import (
 )
 from helpers.tensor_parallel.shards import load_shard
 from helpers.torchrun.ranks import Rank, first_ranks
+from helpers.torchrun.status import say
 
 
 def backend_line(rank: Rank, dtype: str) -> str:

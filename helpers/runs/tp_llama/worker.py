@@ -24,7 +24,6 @@ import torch.distributed as dist
 from helpers.comm.meter import CommMeter
 from helpers.memory.saved import SavedTensorMeter
 from helpers.runs.contract import serve
-from helpers.runs.tp_ffn.display import say
 from helpers.runs.tp_ffn.wire import checked, every_rank, predict
 from helpers.runs.tp_llama.config import LlamaTPConfig
 from helpers.runs.tp_llama.results import (
@@ -53,6 +52,7 @@ from helpers.runs.tp_llama.step import (
 )
 from helpers.tensor_parallel.llama import TPLlama
 from helpers.torchrun.ranks import Rank
+from helpers.torchrun.status import say
 
 
 def rank_step(shard: TPLlama, ids: torch.Tensor, targets: torch.Tensor, group, lr: float,

@@ -1,5 +1,5 @@
 """Lines for a notebook's output area: commands broken before a flag, messages wrapped,
-and a launch's progress.
+JSON laid out to fit.
 
 JupyterLab, beside its file browser, shows about 118 characters of an output line and
 breaks longer ones anywhere, in the middle of a number or a path; 100 leaves a margin.
@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import textwrap
 from collections.abc import Sequence
-
-from helpers.torchrun.ranks import Rank
 
 WIDTH = 100  # characters: a notebook output area beside JupyterLab's file browser, less a margin
 
@@ -27,13 +25,6 @@ def _words(words: Sequence[str]) -> list[str]:
         else:
             joined.append(word)
     return joined
-
-
-def say(rank: Rank, line: str) -> None:
-    """Rank 0 of a launch prints a short line of progress, flushed: while the launch runs,
-    the notebook's live line shows the last line rank 0 printed."""
-    if rank.rank == 0:
-        print(line, flush=True)
 
 
 def shell_command(words: str | Sequence[str], width: int = WIDTH, prompt: str = "") -> str:

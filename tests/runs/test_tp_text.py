@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 from helpers.core.checks import Proof
+from helpers.core.text import WIDTH, json_text, shell_command, wrapped
 from helpers.core.timing import Timing
 from helpers.memory.ledger import Ledger
-from helpers.runs.tp_ffn.display import WIDTH, json_text, shell_command, wrapped
 from helpers.runs.tp_ffn.results import NativeRun, TPRun
 from helpers.runs.tp_ffn.timings import Sweep
 from helpers.runs.tp_ffn.wire import WireCheck, wire_line
