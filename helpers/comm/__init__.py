@@ -9,4 +9,4 @@ sockets, read from the kernel; lessons 04, 06, 08, 09 and 10) and ``headers`` (g
 message headers, counted from its algorithms: what the wire carries beyond the payload).
 """
 
-TAUGHT = ("collectives", "headers", "meter", "wire")
+TAUGHT = ("collectives", "diagrams", "headers", "meter", "wire")

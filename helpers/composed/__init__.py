@@ -13,5 +13,5 @@ extension) and ``published_layouts`` (what others ran).
 The lesson's launches, instruments and records are in ``helpers/runs/llama_3d``.
 """
 
-TAUGHT = ("checkpoint", "data", "layout", "layout_search", "ledger", "published_layouts",
-          "training")
+TAUGHT = ("checkpoint", "data", "diagrams", "layout", "layout_search", "ledger",
+          "published_layouts", "training")

@@ -7,4 +7,4 @@ rank's step shares: its rows of the batch, Adam, the bytes of a shard). The less
 launch, worker and results are in ``helpers/runs/data_parallel``.
 """
 
-TAUGHT = ("fsdp", "zero")
+TAUGHT = ("diagrams", "fsdp", "zero")

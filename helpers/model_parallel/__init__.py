@@ -5,4 +5,4 @@ list and the source's training loop) and ``transfer`` (what moving an activation
 devices costs). Lesson 01's toy model is in ``helpers.models.toy``.
 """
 
-TAUGHT = ("resnet", "stages", "transfer")
+TAUGHT = ("diagrams", "resnet", "stages", "transfer")

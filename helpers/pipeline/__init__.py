@@ -12,4 +12,4 @@ The lessons' workers, configs, results and charts are in ``helpers/runs/pipeline
 ``helpers/runs/schedules``.
 """
 
-TAUGHT = ("events", "runtime", "schedule", "stage_cuts")
+TAUGHT = ("diagrams", "events", "runtime", "schedule", "stage_cuts")

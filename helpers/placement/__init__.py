@@ -6,4 +6,4 @@ Taught: ``sizing`` (bytes and budgets), ``strategies`` (how "auto", "balanced" a
 ``helpers.models.llama``; the lesson's tables and charts are in ``helpers/runs/placement``.
 """
 
-TAUGHT = ("offload", "planner", "sizing", "strategies")
+TAUGHT = ("diagrams", "offload", "planner", "sizing", "strategies")

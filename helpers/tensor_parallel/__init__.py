@@ -16,5 +16,5 @@ lessons' launches, workers and results are in ``helpers/runs/tp_ffn`` and
 ``helpers/runs/tp_llama``.
 """
 
-TAUGHT = ("block", "dtensor", "ffn", "llama", "mappings", "plans", "proofs", "rank_work",
-          "sequence", "shards", "transformer_block", "vocab")
+TAUGHT = ("block", "diagrams", "dtensor", "ffn", "ffn_diagrams", "llama", "mappings", "plans",
+          "proofs", "rank_work", "sequence", "shards", "transformer_block", "vocab")

@@ -132,3 +132,38 @@ def test_a_proof_decides_its_verdict_once_and_round_trips():
     assert over.line(width=8) == "weights  max |diff| ≈ 2.0e-06  tolerance ≈ 1.0e-06  FAILED"
     assert over.as_dict() == {"what": "weights", "max_diff": 2e-6, "tolerance": 1e-6}
     assert Proof.from_dict(over.as_dict()) == over
+
+
+def test_a_verdict_reads_as_one_line_and_names_its_worst_proof():
+    from helpers.core.checks import Proof, Verdict
+
+    v = Verdict("the split step is the one-device step",
+                [Proof("loss", 1e-7, 1e-5), Proof("grads", 5e-6, 1e-5), Proof("w", 2e-5, 1e-3)])
+    assert v.ok and v.worst.what == "grads"
+    assert v.line() == ("✓ the split step is the one-device step (3 checks; worst 5.0e-06, "
+                        "allowed 1.0e-05)")
+    assert v.check() == v.line() and str(v) == v.line()
+    assert len(v.table().splitlines()) == 3
+
+
+def test_a_failed_verdict_says_which_proof_and_raises_with_the_table():
+    import pytest
+
+    from helpers.core.checks import Proof, Verdict
+
+    v = Verdict("claim", [Proof("ok one", 0.0, 1e-6), Proof("bad one", 3e-3, 1e-6)])
+    assert not v.ok and v.failed == (v.proofs[1],)
+    assert v.line().startswith("✗ claim (1 of 2 checks fail; bad one: 3.0e-03 > 1.0e-06")
+    with pytest.raises(AssertionError, match="bad one"):
+        v.check()
+
+
+def test_an_exact_verdict_and_an_empty_one():
+    import pytest
+
+    from helpers.core.checks import Proof, Verdict
+
+    assert Verdict("bytes", [Proof("a", 0, 0)]).line() == "✓ bytes (1 check, all exact)"
+    assert not Verdict("bytes", [Proof("a", 1, 0)]).ok
+    with pytest.raises(ValueError, match="no proofs"):
+        Verdict("nothing", [])
