@@ -1,4 +1,4 @@
-"""One page of the site in headless Chromium: console, requests, images, math, screenshot.
+"""One page of the site in headless Chromium: console, requests, images, math, folds, screenshot.
 
 The site is served by a local HTTP server on 127.0.0.1 (a free port), rooted at the site
 folder: every request to another origin leaves the folder, is recorded and aborted (so
@@ -60,6 +60,33 @@ async (rawMath) => {
   }
   const math = document.querySelectorAll('script[type^="math/tex"], mjx-container').length;
   return { images: imgs.length, broken, math, mathErrors };
+}
+"""
+
+# Run in the page by visit(): open every fold (a <details> box, or a hidden cell output's
+# toggle, which myst-nb renders as <details class="hide">) by clicking its summary, and
+# report any that stays shut or shows nothing once open.
+FOLDS_JS = r"""
+async () => {
+  const folds = Array.from(document.querySelectorAll("details"));
+  const shut = [];
+  let toggles = 0;
+  for (const [i, fold] of folds.entries()) {
+    const hidden = fold.classList.contains("hide");
+    toggles += hidden ? 1 : 0;
+    const summary = fold.querySelector(":scope > summary");
+    const name = `<details #${i + 1}${hidden ? " (hidden output)" : ""}: ` +
+      `${(summary ? summary.textContent : "").trim().replace(/\s+/g, " ").slice(0, 40)}>`;
+    if (!summary) { shut.push(`${name} has no summary to click`); continue; }
+    if (fold.open) { shut.push(`${name} is open before any click`); continue; }
+    summary.scrollIntoView();
+    summary.click();
+    await new Promise((resolve) => requestAnimationFrame(() => resolve()));
+    const shown = Array.from(fold.children).filter((el) => el !== summary)
+      .some((el) => el.getBoundingClientRect().height > 0);
+    if (!fold.open || !shown) shut.push(`${name} shows nothing when clicked`);
+  }
+  return { folds: folds.length, toggles, shut };
 }
 """
 
@@ -137,6 +164,9 @@ class PageReport:
     broken_images: list[str] = field(default_factory=list)
     math: int = 0
     math_errors: list[str] = field(default_factory=list)
+    folds: int = 0  # <details> boxes, hidden outputs' toggles included
+    toggles: int = 0  # of those, hidden cell outputs
+    shut_folds: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
 
@@ -180,6 +210,8 @@ def visit(browser: Any, base: str, page: str, screenshot: Path | None = None) ->
         if screenshot is not None:
             screenshot.parent.mkdir(parents=True, exist_ok=True)
             tab.screenshot(path=str(screenshot), full_page=True)
+        folds = tab.evaluate(FOLDS_JS)  # after the screenshot, which shows the folds shut
+        report.folds, report.toggles, report.shut_folds = folds["folds"], folds["toggles"], folds["shut"]
     finally:
         context.close()
     report.seconds = time.perf_counter() - start

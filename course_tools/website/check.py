@@ -2,7 +2,9 @@
 
 Per page: no console error, no failed request, no request leaving the site folder, every
 image decoded, all math typeset (no raw ``$$`` or ``\\(`` left), every internal link
-resolving (file and ``#anchor``), nothing loaded from outside (HTML and CSS read too). A
+resolving (file and ``#anchor``), nothing loaded from outside (HTML and CSS read too), and
+every fold opening on a click: the ``<details>`` boxes and the toggles of hidden cell outputs.
+A lesson page must show at least the folds, hidden outputs and diagrams its notebook stores. A
 full-page screenshot of every lesson goes to ``screens/`` inside the site. One line per
 page, then the problems, each naming page and element; exit 1 if there is any.
 ``python -m course_tools.website.check [--site DIR] [--self-test]``.
@@ -11,15 +13,17 @@ page, then the problems, each naming page and element; exit 1 if there is any.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
 
+from course_tools.teaching import measure
 from course_tools.website import SiteError
 from course_tools.website.browser import PageReport, chromium, search_hits, serve, visit
 from course_tools.website.links import Problem, check_css, check_links, check_loads
 from course_tools.website.selftest import run_self_test
-from helpers.core.paths import RESULTS_DIR, display_path
+from helpers.core.paths import NOTEBOOKS_DIR, RESULTS_DIR, display_path
 
 SKIP = ("_static/", "_sources/", "_images/", "screens/")  # assets, not pages
 SEARCH_QUERY = "parallel"
@@ -49,7 +53,28 @@ def browser_problems(report: PageReport) -> list[Problem]:
         + [Problem(page, "console", text) for text in report.console]
         + [Problem(page, element, "image not decoded (naturalWidth 0)") for element in report.broken_images]
         + [Problem(page, "math", text) for text in report.math_errors]
+        + [Problem(page, text.split(":")[0] + ">", "fold: " + text.split(">", 1)[-1].strip()) for text in report.shut_folds]
     )  # fmt: skip
+
+
+def lesson_problems(report: PageReport, notebooks: Path) -> list[Problem]:
+    """A lesson page against its stored notebook: its folds, hidden outputs and diagrams shown."""
+    source = notebooks / Path(report.page).with_suffix(".ipynb").name
+    if not is_lesson(report.page) or not source.is_file():
+        return []
+    cells = json.loads(source.read_text(encoding="utf-8"))["cells"]
+    boxes = sum("".join(c["source"]).lower().count("<details") for c in cells
+                if c["cell_type"] == "markdown")
+    hidden = sum("hide-output" in c.get("metadata", {}).get("tags", []) for c in cells)
+    diagrams = measure(source).diagrams
+    found = []
+    if report.toggles < hidden:
+        found.append(Problem(report.page, "hidden outputs", f"{report.toggles} toggles on the page, {hidden} hide-output cells in {source.name}"))  # fmt: skip
+    if report.folds - report.toggles < boxes:
+        found.append(Problem(report.page, "<details> boxes", f"{report.folds - report.toggles} on the page, {boxes} in {source.name}"))  # fmt: skip
+    if report.images - len(report.broken_images) < diagrams:
+        found.append(Problem(report.page, "diagrams", f"{report.images - len(report.broken_images)} images shown, {diagrams} diagrams in {source.name}"))  # fmt: skip
+    return found
 
 
 def summary_line(report: PageReport, links: int, problems: int, screen: str) -> str:
@@ -60,12 +85,14 @@ def summary_line(report: PageReport, links: int, problems: int, screen: str) -> 
         f"{verdict} {report.page}: {report.requests} requests ({len(report.outside)} outside, "
         f"{len(report.failed)} failed), {len(report.console)} console errors, images "
         f"{report.images - len(report.broken_images)}/{report.images} decoded, {report.math} "
-        f"math typeset, {links} internal links checked, {problems} problems, "
+        f"math typeset, {report.folds - len(report.shut_folds)}/{report.folds} folds open "
+        f"({report.toggles} hidden outputs), {links} internal links checked, {problems} problems, "
         f"{report.seconds:.1f} s{shot}"
     )
 
 
-def check_site(site: Path, screens: Path | None = None, query: str = SEARCH_QUERY) -> list[Problem]:
+def check_site(site: Path, screens: Path | None = None, query: str = SEARCH_QUERY,
+               notebooks: Path = NOTEBOOKS_DIR) -> list[Problem]:
     """Check every page of ``site``; print one line per page; return all problems found."""
     pages = site_pages(site)
     problems = check_css(site)
@@ -75,6 +102,7 @@ def check_site(site: Path, screens: Path | None = None, query: str = SEARCH_QUER
             report = visit(browser, base, page, shot)
             links, found = check_links(site, page)
             found = found + check_loads(site, page) + browser_problems(report)
+            found += lesson_problems(report, notebooks)
             screen = display_path(shot) if shot else ""
             print(summary_line(report, links, len(found), screen), flush=True)
             problems += found

@@ -1,9 +1,10 @@
 """A tiny broken site that ``make site-check`` must refuse: proof that the check can fail.
 
 ``broken.html`` loads a script from outside the site, shows an image that does not exist,
-links to a missing page and to a missing anchor, and leaves raw math in its text; the
-check must report each of them, naming the page and the element. ``index.html`` is
-sound (a real image, good links) and must pass.
+links to a missing page and to a missing anchor, leaves raw math in its text and has a
+fold that shows nothing when clicked; the check must report each of them, naming the page
+and the element. ``index.html`` is sound (a real image, good links, a fold that opens) and
+must pass.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ INDEX = (
     + """
 <h1 id="sound">A sound page</h1>
 <p><img src="pixel.png" alt="one pixel"> <a href="broken.html#broken">the broken page</a>
-<a href="#sound">this page</a></p></body></html>"""
+<a href="#sound">this page</a></p>
+<details><summary>Answer</summary><p>shown when opened</p></details></body></html>"""
 )
 EXTERNAL = "https://cdn.invalid/lib.js"  # .invalid: a name that can never resolve
 BROKEN = (
@@ -36,7 +38,9 @@ BROKEN = (
 <p><img src="missing.png" alt="a figure never written"></p>
 <p><a href="nowhere.html">a page that does not exist</a>
 <a href="index.html#no-such-anchor">an anchor that does not exist</a></p>
-<p>Raw math that nothing typeset: $$x^2$$</p></body></html>"""
+<p>Raw math that nothing typeset: $$x^2$$</p>
+<details><summary>Answer</summary><p style="display:none">never shown</p></details>
+</body></html>"""
 )
 
 # (page, element) the check must name; each element is matched as a substring
@@ -47,6 +51,7 @@ EXPECTED = [
     ("broken.html", '<a href="nowhere.html">'),
     ("broken.html", '<a href="index.html#no-such-anchor">'),
     ("broken.html", "math"),
+    ("broken.html", "<details #1>"),
 ]
 
 
@@ -71,7 +76,7 @@ def missed(problems: list[Problem]) -> list[str]:
 def run_self_test(check_site: Callable[[Path], list[Problem]]) -> list[Problem]:
     """Run ``check_site`` (check.check_site) on the broken site; raise :class:`SiteError`
     unless every flaw, and nothing on the sound page, is reported."""
-    print("self-test: a site with a broken image, an external script, broken links, raw math")
+    print("self-test: a site with a broken image, an external script, broken links, raw math, a dead fold")
     with tempfile.TemporaryDirectory(prefix="site-selftest-") as tmp:
         problems = check_site(write_broken_site(Path(tmp) / "site"))
     wrong = [str(p) for p in problems if p.page != "broken.html"]

@@ -297,3 +297,21 @@ def test_the_site_glossary_drops_the_anchor_lines_its_headings_already_give():
 
     text = '# G\n\n<a id="bubble"></a>\n\n## Bubble\n\nIdle time.\n'
     assert site_glossary(text) == "# G\n\n## Bubble\n\nIdle time.\n"
+
+
+def test_a_lesson_page_must_show_the_folds_hidden_outputs_and_diagrams_its_notebook_stores(tmp_path):
+    from course_tools.website.browser import PageReport
+
+    cells = [
+        {"cell_type": "markdown", "metadata": {}, "source": "<details><summary>A</summary>x</details>"},
+        {"cell_type": "code", "metadata": {"tags": ["hide-output"]}, "source": "t()", "outputs": []},
+        {"cell_type": "code", "metadata": {}, "source": "ring_diagram()", "execution_count": 1,
+         "outputs": [{"output_type": "display_data", "data": {"image/png": "x"}, "metadata": {}}]},
+    ]
+    (tmp_path / "99_x.ipynb").write_text(json.dumps({"cells": cells, "nbformat": 4}))
+    shown = PageReport("notebooks/99_x.html", images=1, folds=2, toggles=1)
+    assert check.lesson_problems(shown, tmp_path) == []
+    bare = PageReport("notebooks/99_x.html", images=1, broken_images=["<img>"], folds=0)
+    found = {p.element for p in check.lesson_problems(bare, tmp_path)}
+    assert found == {"hidden outputs", "<details> boxes", "diagrams"}
+    assert check.lesson_problems(PageReport("index.html"), tmp_path) == []
