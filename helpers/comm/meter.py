@@ -7,7 +7,9 @@ any other group is ``"other"``) and to the collective, with the bytes this rank 
 it three ways:
 
 - ``ring``: by the ring formula (:func:`~helpers.comm.collectives.ring_bytes`), what NCCL's
-  ring sends; for a pipeline's send, the bytes of the tensors sent;
+  ring sends; for a pipeline's send, the bytes of the tensors sent; for an all-to-all
+  (``all_to_all_single``, even or uneven), the blocks this rank sends to the others, which
+  every algorithm sends directly (:func:`all_to_all_sent`);
 - ``gloo``: by gloo's algorithms (:func:`~helpers.comm.collectives.gloo_bytes`), what this
   run's backend sends for the same calls (a reduce-scatter is an all-reduce on gloo);
 - ``meter.wire``: what left this process, read from the kernel's socket counters
@@ -19,7 +21,8 @@ It listens at one of two places:
   through it as a ``c10d`` operator, whoever issues it (our code, DDP's C++ reducer,
   FSDP2), and a ``TorchDispatchMode`` reads its tensors' sizes on the way. It sees
   everything, but routes every operator through Python, which slows what it watches: it
-  counts and does not time.
+  counts and does not time. With ``sends=True`` it also charges each point-to-point send
+  (``ProcessGroup.send``, ``dist.isend``) as ``"p2p"``.
 - ``timed=True``, at the Python doors, in every thread, for the length of the ``with``:
   ``torch.distributed``'s collective functions (our code, ``fully_shard``), the functional
   collectives (``DTensor``, ``loss_parallel``) and the pipeline schedule's batches of
@@ -52,6 +55,7 @@ from helpers.memory.measure import nbytes
 
 OTHER = "other"  # the name of every group the mapping does not name
 P2P = "p2p"  # a pipeline's sends and receives, beside the collectives
+ALL_TO_ALL = "all_to_all"  # each rank sends block j of its input to rank j
 
 # the dispatcher's names for the collectives, and which argument holds the full tensor (S)
 _C10D_OPS = {
@@ -78,6 +82,16 @@ def _bytes(value: object) -> int:
     """Bytes of a tensor, or of a list of tensors (this rank's pieces)."""
     tensors = value if isinstance(value, (list, tuple)) else [value]
     return sum(nbytes(t) for t in tensors if isinstance(t, torch.Tensor))
+
+
+def all_to_all_sent(input: torch.Tensor, splits: list[int], rank: int, size: int) -> int:
+    """Bytes rank ``rank`` sends in an all-to-all of ``input``: every block of dim 0 but its
+    own (``splits``: the rows of each block; empty: ``size`` equal blocks)."""
+    rows = input.shape[0] if input.dim() else 1
+    splits = list(splits) or [rows // size] * size
+    if len(splits) != size or sum(splits) != rows:
+        raise ValueError(f"splits={splits} do not cut {rows} rows into {size} blocks")
+    return (rows - splits[rank]) * (nbytes(input) // max(rows, 1))
 
 
 def _root(func: object, args: tuple) -> int:
@@ -110,9 +124,10 @@ class CommMeter(TorchDispatchMode):
     process's sockets sent."""
 
     def __init__(self, groups: dict[str, dist.ProcessGroup] | None = None, *,
-                 timed: bool = False, synchronize: bool = False) -> None:
+                 timed: bool = False, synchronize: bool = False, sends: bool = False) -> None:
         super().__init__()
         self.groups, self.timed, self.synchronize = dict(groups or {}), timed, synchronize
+        self.sends = sends  # untimed: also charge point-to-point sends, as "p2p"
         self.per_group, self.per_collective = Tally(), Tally()
         self.wire = WireMeter()
         # by the ranks a group spans: two groups over the same ranks (a mesh built twice)
@@ -169,6 +184,13 @@ class CommMeter(TorchDispatchMode):
             self.charge(self.group_name(group), collective,
                         ring_bytes(collective, group.size(), size),
                         gloo=gloo_bytes(collective, group.size(), size, group.rank(), root))
+        elif func.namespace == "c10d" and func._opname == "alltoall_base_":
+            group = dist.ProcessGroup.unbox(args[2])
+            sent = all_to_all_sent(args[1], args[4], group.rank(), group.size())
+            self.charge(self.group_name(group), ALL_TO_ALL, sent)  # no ring: each block direct
+        elif func.namespace == "c10d" and func._opname == "send" and self.sends:
+            group = dist.ProcessGroup.unbox(args[1])
+            self.charge(self.group_name(group), P2P, _bytes(args[0]))
         return func(*args, **(kwargs or {}))
 
     # -- timed: at the Python doors ----------------------------------------------------

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from helpers.comm.collectives import all_gather, reduce_scatter
 from helpers.context_parallel.merge import block_attention, causal_mask
 from helpers.context_parallel.split import positions
 
@@ -32,16 +33,17 @@ class _GatherSeq(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):  # noqa: D102
         ctx.group = group
-        parts = [torch.empty_like(x) for _ in range(group.size())]
-        dist.all_gather(parts, x.contiguous(), group=group)
-        return torch.cat(parts, dim=-2)
+        cp = group.size()
+        gathered = torch.empty((cp, *x.shape), dtype=x.dtype, device=x.device)
+        all_gather(gathered, x.contiguous()[None], group=group)  # rank after rank, dim 0
+        return torch.cat(gathered.unbind(0), dim=-2)
 
     @staticmethod
     def backward(ctx, grad):  # noqa: D102
-        group = ctx.group
-        parts = [g.contiguous() for g in grad.chunk(group.size(), dim=-2)]
-        out = torch.empty_like(parts[0])
-        dist.reduce_scatter(out, parts, group=group)
+        cp = ctx.group.size()
+        stacked = torch.stack(grad.chunk(cp, dim=-2))  # block j: the keys rank j holds
+        out = torch.empty(stacked.shape[1:], dtype=grad.dtype, device=grad.device)
+        reduce_scatter(out[None], stacked, group=ctx.group)
         return out, None
 
 
