@@ -1,0 +1,93 @@
+"""The context-parallel run's typed result, and every verdict, decided here.
+
+Tolerance (chosen): ``(seq + 10 cp)`` float64 epsilons of the quantity's largest value in
+the one-process reference. Each output and gradient element is a sum over at most ``seq``
+keys (or queries), re-weighted once per merged block; each addition or merge rounds by at
+most one epsilon of the running value, so the budget covers every rounding with room; a
+lost or misplaced block moves a value by its own size, some 10^13 budgets beyond.
+
+Bytes: what each rank issued, counted on the rank (``CommMeter`` with its sends), must be
+what :func:`helpers.context_parallel.traffic.layer_traffic` says, forward and backward,
+for the ring formula and for gloo's algorithms; what left its sockets is read beside them.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+import torch
+
+from helpers.context_parallel.traffic import LayerTraffic
+from helpers.core.checks import Proof, Verdict
+from helpers.runs.contract import Record
+
+EPS64 = torch.finfo(torch.float64).eps
+QUANTITIES = ("output", "dq", "dk", "dv")
+
+
+def tolerance(seq: int, cp: int, reference: torch.Tensor) -> float:
+    """The budget for one quantity (see the module's docstring)."""
+    return (seq + 10 * cp) * EPS64 * max(1.0, reference.abs().max().item())
+
+
+@dataclass(frozen=True)
+class RankSide(Record):
+    """What one rank counted and measured."""
+
+    rank: int
+    tokens: list[int]  # the true positions it held
+    scores: int  # (query, key) score entries it computed (ring); all it was shown (others)
+    forward_ring: float
+    backward_ring: float
+    forward_gloo: float
+    backward_gloo: float
+    wire_sent: int | None  # bytes its sockets sent for one forward+backward; None: unread
+    seconds: list[float]  # each timed forward+backward
+
+    @property
+    def mean_ms(self) -> float:
+        return 1e3 * statistics.fmean(self.seconds) if self.seconds else float("nan")
+
+    @property
+    def std_ms(self) -> float:
+        return 1e3 * statistics.stdev(self.seconds) if len(self.seconds) > 1 else 0.0
+
+
+@dataclass(frozen=True)
+class CPAttentionResult(Record):
+    """One attention layer under context parallelism against one process."""
+
+    variant: str
+    split: str
+    cp: int
+    causal: bool
+    proofs: list[Proof]
+    ranks: list[RankSide]
+    predicted_ring: LayerTraffic
+    predicted_gloo: LayerTraffic
+
+    @property
+    def proven(self) -> Verdict:
+        """Output and the gradients of q, k, v equal one process's."""
+        return Verdict(f"{self.variant} attention on {self.cp} ranks = one process",
+                       self.proofs)
+
+    @property
+    def bytes_as_predicted(self) -> bool:
+        """Every rank issued what the formula says, forward and backward, both ways."""
+        want = (self.predicted_ring.forward, self.predicted_ring.backward,
+                self.predicted_gloo.forward, self.predicted_gloo.backward)
+        return all((r.forward_ring, r.backward_ring, r.forward_gloo, r.backward_gloo) == want
+                   for r in self.ranks)
+
+    @property
+    def verdicts(self) -> dict[str, bool]:
+        """Every verdict of the run, by name (the terminal's JSON line prints these)."""
+        return {"proven": self.proven.ok, "bytes_as_predicted": self.bytes_as_predicted}
+
+    @property
+    def imbalance(self) -> float:
+        """The most score entries a rank computed over the mean: 1.0 is balanced."""
+        counts = [r.scores for r in self.ranks]
+        return max(counts) / statistics.fmean(counts)
