@@ -67,7 +67,7 @@ def ring_pass(tensors: list[torch.Tensor], group: dist.ProcessGroup,
               tag: int = 0) -> list[torch.Tensor]:
     """Send each tensor to the next rank, receive the previous rank's (same shapes)."""
     rank, size = group.rank(), group.size()
-    received = [torch.empty_like(t) for t in tensors]
+    received = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
     works = []
     for i, (out, into) in enumerate(zip(tensors, received, strict=True)):
         works.append(group.send([out.contiguous()], (rank + 1) % size, tag + i))

@@ -28,14 +28,18 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-second, first), dim=-1)
 
 
-def _turn(x: torch.Tensor, base: float, sign: float) -> torch.Tensor:
+def _turn(x: torch.Tensor, base: float, sign: float,
+          at: torch.Tensor | None = None) -> torch.Tensor:
     """Each channel pair of ``x`` (batch, heads, seq, head_dim) turned by ``sign`` times
-    its angle: ``p * base ** (-2j / head_dim)`` for pair ``(j, j + head_dim/2)`` at position p."""
+    its angle: ``p * base ** (-2j / head_dim)`` for pair ``(j, j + head_dim/2)`` at position p
+    (``at``: each row's position; default 0..seq-1)."""
     seq, dim = x.shape[-2], x.shape[-1]
     if dim % 2:
         raise ValueError(f"head_dim={dim} is odd; valid: an even head_dim (channels go in pairs)")
     steps = torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim
-    positions = torch.arange(seq, device=x.device, dtype=torch.float32)
+    if at is not None and at.shape != (seq,):
+        raise ValueError(f"positions of shape {tuple(at.shape)} for {seq} rows; valid: ({seq},)")
+    positions = (torch.arange(seq, device=x.device) if at is None else at).to(torch.float32)
     angles = positions[:, None] * base ** -steps[None, :]
     angles = torch.cat((angles, angles), dim=-1)
     return x * angles.cos().to(x.dtype) + rotate_half(x) * (sign * angles.sin()).to(x.dtype)
@@ -55,13 +59,29 @@ class _Rope(torch.autograd.Function):
         return _turn(grad, ctx.base, -1.0), None
 
 
-def rope(x: torch.Tensor, base: float = ROPE_BASE) -> torch.Tensor:
-    """Rotary position embedding of ``x`` (batch, heads, seq, head_dim), positions 0..seq-1.
+class _RopeAt(torch.autograd.Function):
+    """``_Rope`` at given positions: a rank holding some of a sequence's tokens (context
+    parallelism) turns each by its true position, not by its row."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, base: float, at: torch.Tensor) -> torch.Tensor:
+        ctx.base, ctx.at = base, at
+        return _turn(x, base, 1.0, at)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return _turn(grad, ctx.base, -1.0, ctx.at), None, None
+
+
+def rope(x: torch.Tensor, base: float = ROPE_BASE,
+         positions: torch.Tensor | None = None) -> torch.Tensor:
+    """Rotary position embedding of ``x`` (batch, heads, seq, head_dim), positions 0..seq-1
+    (or ``positions``, one per row).
 
     Channel pair ``(j, j + head_dim/2)`` at position ``p`` turns by the angle
     ``p * base ** (-2j / head_dim)``. No weights: every rank applies it to its own heads.
     """
-    return _Rope.apply(x, base)
+    return _Rope.apply(x, base) if positions is None else _RopeAt.apply(x, base, positions)
 
 
 def check_positive(**sizes: int) -> None:

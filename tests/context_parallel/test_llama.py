@@ -1,0 +1,72 @@
+"""A training step of the small Llama with context parallelism equals one process's."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers.context_parallel import llama as cp_llama
+from helpers.context_parallel.llama import context_parallel, local_loss, sum_gradients, tokens_of
+from helpers.models.llama import LMConfig, build_lm
+from helpers.torchrun.in_notebook import run_ranks
+
+CONFIG = LMConfig(vocab=48, hidden=32, blocks=2, ffn=64, heads=4, kv_heads=2, rope=True)
+TOL = 1e-12  # chosen: float64, sums over 32 tokens and a few layers; a lost block is O(1e-2)
+
+
+def _batch():
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, CONFIG.vocab, (2, 16), generator=g)
+    return ids, torch.roll(ids, -1, dims=1)
+
+
+def _reference():
+    model = build_lm(CONFIG).double()
+    ids, targets = _batch()
+    loss = F.cross_entropy(model(ids).reshape(-1, CONFIG.vocab), targets.reshape(-1))
+    loss.backward()
+    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def _parallel(variant: str, cp: int):
+    ids, targets = _batch()
+    built = build_lm(CONFIG).double()  # once: build_lm seeds the global generator, which
+    # threads would share
+
+    def work(rank, group):
+        model = context_parallel(copy.deepcopy(built), group, variant)
+        local = tokens_of(ids, group, variant)
+        loss = local_loss(model(local), tokens_of(targets, group, variant), ids.numel())
+        loss.backward()
+        sum_gradients(model, group)
+        total = loss.detach().clone()
+        torch.distributed.all_reduce(total, group=group)
+        return total.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    results = run_ranks(cp, work, timeout=60)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+@pytest.mark.parametrize("variant", ["ring", "zigzag", "allgather", "ulysses"])
+def test_a_step_with_context_parallelism_equals_one_process(variant, cp):
+    if variant == "ulysses" and CONFIG.kv % cp:
+        pytest.skip("Ulysses needs the key/value heads divisible by cp")
+    loss, grads = _reference()
+    for got_loss, got_grads in _parallel(variant, cp):
+        assert abs(got_loss - loss) < TOL
+        assert max((got_grads[n] - g).abs().max().item() for n, g in grads.items()) < TOL
+
+
+def test_rotary_positions_must_follow_the_split(monkeypatch):
+    """A rank that turns its tokens by their row, not their true position, is caught."""
+    monkeypatch.setattr(cp_llama, "positions", lambda rank, cp, seq, split: torch.arange(seq // cp))
+    loss, grads = _reference()
+    got_loss, got_grads = _parallel("zigzag", 2)[0]
+    assert max((got_grads[n] - g).abs().max().item() for n, g in grads.items()) > 1e-6
