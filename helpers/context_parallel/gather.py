@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from helpers.comm.collectives import all_gather, reduce_scatter
-from helpers.context_parallel.merge import block_attention, causal_mask
+from helpers.context_parallel.merge import causal_mask
 from helpers.context_parallel.split import positions
 
 
@@ -53,11 +54,10 @@ def allgather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """This rank's queries over the all-gathered keys and values (shapes as in ring)."""
     local = q.shape[-2]
     keys, values = _GatherSeq.apply(k, group), _GatherSeq.apply(v, group)
-    repeat = q.shape[1] // k.shape[1]
-    keys, values = keys.repeat_interleave(repeat, 1), values.repeat_interleave(repeat, 1)
     mine = positions(group.rank(), group.size(), local * group.size(), split)
     mask = causal_mask(mine, _true_order(group, local, split)) if causal else None
-    return block_attention(q, keys, values, mask)[0]
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
+                                          enable_gqa=q.shape[1] != k.shape[1])
 
 
 def _all_to_all(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
@@ -123,9 +123,8 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         raise ValueError(f"Ulysses needs the heads ({q.shape[1]}) and key/value heads "
                          f"({k.shape[1]}) divisible by cp={cp}")
     qh, kh, vh = (_SeqToHeads.apply(t, group) for t in (q, k, v))
-    repeat = qh.shape[1] // kh.shape[1]
     order = _true_order(group, q.shape[-2], split)
     mask = causal_mask(order, order) if causal else None
-    out = block_attention(qh, kh.repeat_interleave(repeat, 1), vh.repeat_interleave(repeat, 1),
-                          mask)[0]
+    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask,
+                                         enable_gqa=qh.shape[1] != kh.shape[1])
     return _HeadsToSeq.apply(out, group)
