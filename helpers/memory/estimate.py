@@ -92,9 +92,10 @@ def estimate_layers(
 
 
 def _note(precision: str, optimizer: str, tp: int, dp: int, zero: int, recompute: bool,
-          batch: int, seq: int, sp: bool = False) -> str:
+          batch: int, seq: int, sp: bool = False, cp: int = 1) -> str:
     extras = [f"dp={dp}, ZeRO-{zero}" if dp > 1 or zero else "",
-              "recompute" if recompute else "", "sequence parallel" if sp else ""]
+              "recompute" if recompute else "", "sequence parallel" if sp else "",
+              f"cp={cp}" if cp > 1 else ""]
     return ", ".join(["estimated", f"{precision} {optimizer}", f"tp={tp}",
                       *filter(None, extras), f"batch {batch}x{seq}"])
 
@@ -114,6 +115,7 @@ def estimate_transformer(
     zero: int = 0,
     recompute: bool = False,
     sequence_parallel: bool = False,
+    cp: int = 1,
 ) -> Ledger:
     """A Llama-shaped model's ledger per device.
 
@@ -131,9 +133,14 @@ def estimate_transformer(
     peak is the larger of the forward's end (the inputs, embedding and head) and the
     last block's recomputed backward (the head freed, that block's activations back).
     ``sequence_parallel`` splits the tensors around the norms along the sequence too
-    (:meth:`TransformerShape.block_activation_bytes` says which).
+    (:meth:`TransformerShape.block_activation_bytes` says which). ``cp`` context-parallel
+    ranks each hold ``seq / cp`` tokens of every sequence and every weight: ring attention
+    keeps what one device keeps for that many tokens (the all-gathered and Ulysses variants
+    keep more, the gathered keys and values).
     """
     validate_precision(precision)
+    if not isinstance(cp, int) or cp < 1 or seq % cp:
+        raise ValueError(f"cp={cp!r}; valid: an integer >= 1 that divides seq={seq}")
     validate_recompute(recompute)
     validate_dp(dp)
     validate_zero(zero)
@@ -151,13 +158,13 @@ def estimate_transformer(
         numel, tensors, unit = shape.stage_parameters(blocks, first, last)
         row = sharded_parameter_memory(numel // tp, tensors, optimizer=optimizer,
                                        precision=precision, dp=dp, zero=zero, unit=unit // tp)
-        kept, extra = shape.stage_activation_bytes(blocks, first, last, tokens=batch * seq,
+        kept, extra = shape.stage_activation_bytes(blocks, first, last, tokens=batch * seq // cp,
                                                    element_size=e, tp=tp, recompute=recompute,
                                                    seq_parallel=sequence_parallel)
         row.activations = kept * in_flight[k] + extra
         rows[names[k]] = row
     return Ledger(rows, note=_note(precision, optimizer, tp, dp, zero, recompute, batch, seq,
-                                   sequence_parallel))
+                                   sequence_parallel, cp))
 
 
 def layers_of(model: object) -> tuple[list[nn.Module], list[int]]:
