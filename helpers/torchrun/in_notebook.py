@@ -58,6 +58,42 @@ def run_ranks(world_size: int, work: Callable[[int, object], object],
     return results
 
 
+def mesh_groups(rank: int, shape: dict[str, int], store: dist.Store,
+                timeout: float = 60.0) -> dict[str, dist.ProcessGroup]:
+    """This rank's group along each dimension of a mesh of ``shape`` (outermost first, the
+    last dimension innermost: neighbours), each a gloo group over its own store prefix."""
+    names, sizes = list(shape), list(shape.values())
+    coords, left = [], rank
+    for size in reversed(sizes):
+        coords.insert(0, left % size)
+        left //= size
+    groups = {}
+    for axis, name in enumerate(names):
+        stride = 1
+        for size in sizes[axis + 1:]:
+            stride *= size
+        first = rank - coords[axis] * stride  # the member of this line with coordinate 0
+        line = f"{name}:{first}"
+        groups[name] = gloo_group(dist.PrefixStore(line, store), coords[axis], sizes[axis],
+                                  timeout)
+    return groups
+
+
+def run_mesh(shape: dict[str, int], work: Callable[[int, dict], object],
+             timeout: float = 60.0) -> list[object]:
+    """``work(rank, groups)`` on one thread per rank of a mesh of ``shape`` (e.g.
+    ``{"cp": 2, "tp": 2}``, the last dimension innermost); ``groups`` maps each dimension
+    to this rank's group along it. Each rank's result, or its exception."""
+    world = 1
+    for name, size in shape.items():
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"{name}={size!r}; valid: an integer >= 1")
+        world *= size
+    store = dist.HashStore()
+    return run_ranks(world, lambda rank, _: work(rank, mesh_groups(rank, shape, store, timeout)),
+                     timeout)
+
+
 @contextlib.contextmanager
 def registered(group: object) -> Iterator[None]:
     """Let calls that map ranks through the groups ``new_group`` records (``dist.send``,

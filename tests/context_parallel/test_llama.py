@@ -70,3 +70,36 @@ def test_rotary_positions_must_follow_the_split(monkeypatch):
     loss, grads = _reference()
     got_loss, got_grads = _parallel("zigzag", 2)[0]
     assert max((got_grads[n] - g).abs().max().item() for n, g in grads.items()) > 1e-6
+
+
+@pytest.mark.parametrize("variant", ["ring", "zigzag"])
+def test_context_and_tensor_parallelism_on_four_ranks_equal_one_process(variant):
+    """cp 2 x tp 2: each tp rank's shard gradients, summed over its cp group, are the slices
+    of one process's gradients."""
+    from helpers.tensor_parallel.llama import TPLlama, model_cuts
+    from helpers.torchrun.in_notebook import run_mesh
+
+    ids, targets = _batch()
+    built = build_lm(CONFIG).double()
+    loss, grads = _reference()
+
+    def work(rank, groups):
+        cp_group, tp_group = groups["cp"], groups["tp"]
+        shard = context_parallel(TPLlama(copy.deepcopy(built), tp_group.rank(), 2), cp_group,
+                                 variant)
+        local_ids, local_targets = tokens_of(ids, cp_group, variant), tokens_of(targets, cp_group, variant)
+        share = shard.loss(shard.logits(local_ids, tp_group), local_targets, tp_group)
+        share = share * local_ids.numel() / ids.numel()  # this cp rank's share of the mean
+        share.backward()
+        sum_gradients(shard, cp_group)
+        total = share.detach().clone()
+        torch.distributed.all_reduce(total, group=cp_group)
+        cuts = model_cuts(built, tp_group.rank(), 2)
+        worst = max((cuts[n].own(p.grad) - cuts[n].take(grads[n])).abs().max().item()
+                    for n, p in shard.named_parameters())
+        return abs(total.item() - loss), worst
+
+    for result in run_mesh({"cp": 2, "tp": 2}, work):
+        if isinstance(result, BaseException):
+            raise result
+        assert result[0] < TOL and result[1] < TOL
