@@ -34,6 +34,8 @@ def test_ring_on_torchrun_is_proven_counted_and_unbalanced_zigzag_balanced():
     assert [r.scores for r in ring.ranks] == [32 * 32, 2 * 32 * 32]  # rank r: r + 1 blocks
     assert all(r.wire_sent is None or r.wire_sent >= r.forward_gloo + r.backward_gloo
                for r in ring.ranks)
-    zigzag = launch(CPAttentionConfig(variant="zigzag", causal=True, repeats=1, warmup=0),
-                    nproc=2, timeout=180)
+    zigzag = launch(CPAttentionConfig(variant="zigzag", causal=True, repeats=1, warmup=0,
+                                      native=True), nproc=2, timeout=180)
     assert zigzag.proven.ok and zigzag.imbalance == 1.0
+    # PyTorch's own context_parallel() has no ring for the CPU's attention kernel
+    assert not zigzag.native.ran and "_scaled_dot_product_flash_attention_for_cpu" in zigzag.native.error

@@ -34,6 +34,8 @@ class CPAttentionConfig(RunConfig):
     causal: bool = option(False, "a causal mask (each token sees the tokens before it)")
     repeats: int = option(5, "timed forward+backward passes per rank after the proof")
     warmup: int = option(2, "untimed passes before the timed ones")
+    native: bool = option(False, "also run PyTorch's own context_parallel() on the same "
+                          "layer and compare it with the hand version (or record why it fails)")
 
     def ranks(self) -> int:
         return self.cp if self.cp is not None else super().ranks()

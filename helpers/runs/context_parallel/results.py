@@ -55,6 +55,17 @@ class RankSide(Record):
 
 
 @dataclass(frozen=True)
+class NativeRun(Record):
+    """PyTorch's ``context_parallel()`` on the same layer: its output against the hand
+    version's, or the error it raised (type, message, and the torch source line)."""
+
+    ran: bool
+    max_diff: float | None = None
+    error: str = ""
+    where: str = ""
+
+
+@dataclass(frozen=True)
 class CPAttentionResult(Record):
     """One attention layer under context parallelism against one process."""
 
@@ -66,6 +77,7 @@ class CPAttentionResult(Record):
     ranks: list[RankSide]
     predicted_ring: LayerTraffic
     predicted_gloo: LayerTraffic
+    native: NativeRun | None = None
 
     @property
     def proven(self) -> Verdict:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+import traceback
 
 import torch
 import torch.distributed as dist
@@ -29,6 +30,7 @@ from helpers.runs.context_parallel.config import CPAttentionConfig
 from helpers.runs.context_parallel.results import (
     QUANTITIES,
     CPAttentionResult,
+    NativeRun,
     RankSide,
     tolerance,
 )
@@ -76,6 +78,33 @@ def pass_once(config: CPAttentionConfig, local: list[torch.Tensor], group):
     return [out.detach(), q.grad, k.grad, v.grad]
 
 
+def native_run(config: CPAttentionConfig, full: tuple[torch.Tensor, ...],
+               hand: torch.Tensor, rank: Rank) -> NativeRun:
+    """``torch.distributed.tensor.experimental.context_parallel`` on this layer's forward.
+
+    It shards the buffers along the sequence in place (zig-zag for a causal mask) and
+    swaps ``scaled_dot_product_attention``'s kernels for its ring; it handles only the
+    flash, efficient and cuDNN kernels (CUDA), so on a CPU it fails, and says why.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import _attention, context_parallel
+
+    unshard_native = _attention.context_parallel_unshard  # private module: not re-exported
+    mesh = init_device_mesh(rank.device.type, (rank.world_size,), mesh_dim_names=("cp",))
+    q, k, v = (t.to(rank.device, torch.float32).clone() for t in full[:3])
+    k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], 1) for t in (k, v))
+    try:
+        with context_parallel(mesh, buffers=[q, k, v], buffer_seq_dims=[2, 2, 2]):
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=config.causal)
+        (whole,) = unshard_native(mesh, [out], [2])
+    except Exception as error:  # noqa: BLE001 (recorded for the lesson, not raised)
+        frame = traceback.extract_tb(error.__traceback__)[-1]
+        where = f"{frame.filename.split('site-packages/')[-1]}:{frame.lineno}"
+        return NativeRun(False, error=f"{type(error).__name__}: {str(error).splitlines()[0]}",
+                         where=where)
+    return NativeRun(True, (whole.double().cpu() - hand).abs().max().item())
+
+
 def main(config: CPAttentionConfig, rank: Rank) -> CPAttentionResult:
     group = rank.group or dist.group.WORLD
     cp, me = rank.world_size, rank.rank
@@ -111,14 +140,16 @@ def main(config: CPAttentionConfig, rank: Rank) -> CPAttentionResult:
     proofs = [Proof(name, (got - ref).abs().max().item(), tolerance(config.seq, cp, ref))
               for name, got, ref in zip(QUANTITIES, gathered, want, strict=True)]
     shape = config.shape()
+    native = native_run(config, full, gathered[0], rank) if config.native else None
     result = CPAttentionResult(config.variant, config.split, cp, config.causal, proofs,
                                [RankSide.from_dict(s) for s in sides],
                                layer_traffic(config.variant, shape, cp),
-                               layer_traffic(config.variant, shape, cp, gloo=True))
+                               layer_traffic(config.variant, shape, cp, gloo=True), native)
     if me == 0:
         print(json.dumps({"variant": result.variant, "cp": cp, **result.verdicts,
                           "worst": result.proven.worst.max_diff,
-                          "imbalance": round(result.imbalance, 3)}), flush=True)
+                          "imbalance": round(result.imbalance, 3),
+                          "native": native.to_dict() if native else None}), flush=True)
     return result
 
 
