@@ -75,6 +75,15 @@ STEPS = (
         15,
     ),
     Step(
+        "context_parallel",
+        "one attention layer split over the sequence (ring, zig-zag, all-gathered keys and "
+        "values, Ulysses) on one GPU per rank (NCCL; cp 2, or 1 with one GPU), each proven "
+        "against one process in float64, bytes counted, per-rank times; PyTorch's "
+        "context_parallel() on the same layer (flash attention's ring) beside the hand version",
+        40,
+        15,
+    ),
+    Step(
         "composed",
         "lesson 10: the small Llama in 3-D (FSDP x TP+SP x 1F1B) on one GPU per rank (NCCL): "
         "with 8 GPUs every layout and the checkpoint round trip, with fewer the layouts that "
@@ -94,6 +103,7 @@ def step_functions() -> dict[str, StepFunction]:
     modules (and torch)."""
     from course_tools.gpu_check import (
         steps_composed,
+        steps_context_parallel,
         steps_data_parallel,
         steps_model_parallel,
         steps_pipeline,
@@ -103,7 +113,8 @@ def step_functions() -> dict[str, StepFunction]:
     )
 
     modules = (steps_model_parallel, steps_pipeline, steps_placement, steps_data_parallel,
-               steps_tensor_parallel, steps_transformer_tp, steps_composed)
+               steps_tensor_parallel, steps_transformer_tp, steps_context_parallel,
+               steps_composed)
     found = {
         name.removeprefix("step_"): getattr(module, name)
         for module in modules

@@ -174,6 +174,10 @@ def test_smoke_run_passes_every_step(tmp_path):
     assert (tmp_path / "gpu_check_smoke" / "mp_vs_rn.png").stat().st_size > 0
     tp = {s["name"]: s for s in doc["steps"]}["transformer_tp"]["figures"]
     assert tp["world_size"] == 2 and tp["verdicts"]["all"] and tp["native"] == "ok"
+    cp = {s["name"]: s for s in doc["steps"]}["context_parallel"]["figures"]
+    assert list(cp["runs"]) == ["zigzag", "allgather"] and all(
+        r["proven"] and r["bytes_as_predicted"] for r in cp["runs"].values())
+    assert cp["runs"]["zigzag"]["native"]["ran"] is False  # no CPU kernel in its ring
     composed = {s["name"]: s for s in doc["steps"]}["composed"]["figures"]
     assert list(composed["runs"]) == ["tp=2"] and composed["runs"]["tp=2"]["ok"]
     assert composed["runs"]["tp=2"]["sent_ok_all_ranks"] and composed["dtype"] == "float64"

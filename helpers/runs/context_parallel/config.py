@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from helpers.context_parallel.split import positions
 from helpers.context_parallel.traffic import VARIANTS, AttentionShape, validate_variant
@@ -34,6 +34,8 @@ class CPAttentionConfig(RunConfig):
     causal: bool = option(False, "a causal mask (each token sees the tokens before it)")
     repeats: int = option(5, "timed forward+backward passes per rank after the proof")
     warmup: int = option(2, "untimed passes before the timed ones")
+    device: Literal["auto", "cpu", "cuda"] = option(
+        "auto", "cpu (gloo), cuda (NCCL, one GPU per rank), or auto")
     native: bool = option(False, "also run PyTorch's own context_parallel() on the same "
                           "layer and compare it with the hand version (or record why it fails)")
 
@@ -54,6 +56,8 @@ class CPAttentionConfig(RunConfig):
         """Raise ValueError naming the first bad value and what would be valid."""
         super().validate(world_size)
         validate_variant(self.variant)
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"--device {self.device!r}; valid choices: auto, cpu, cuda")
         for name, least in (("seq", 1), ("hidden", 1), ("heads", 1), ("kv_heads", 1),
                             ("batch", 1), ("seed", 0), ("repeats", 0), ("warmup", 0)):
             value = getattr(self, name)

@@ -109,7 +109,7 @@ def main(config: CPAttentionConfig, rank: Rank) -> CPAttentionResult:
     group = rank.group or dist.group.WORLD
     cp, me = rank.world_size, rank.rank
     full = inputs(config)
-    local = [shard(t, me, cp, config.split) for t in full]
+    local = [shard(t, me, cp, config.split).to(rank.device) for t in full]
     with WireMeter() as wire:
         with CommMeter(sends=True) as forward:
             q, k, v = (t.clone().requires_grad_() for t in local[:3])
@@ -121,14 +121,19 @@ def main(config: CPAttentionConfig, rank: Rank) -> CPAttentionResult:
     for tensor in mine:
         parts = [torch.empty_like(tensor) for _ in range(cp)]
         dist.all_gather(parts, tensor.contiguous(), group=group)
-        gathered.append(unshard(parts, cp, config.split))
+        gathered.append(unshard([p.cpu() for p in parts], cp, config.split))
     for _ in range(config.warmup):
         pass_once(config, local, group)
     seconds = []
+    cuda = rank.device.type == "cuda"
     for _ in range(config.repeats):
         dist.barrier(group=group)
+        if cuda:
+            torch.cuda.synchronize()
         start = time.perf_counter()
         pass_once(config, local, group)
+        if cuda:
+            torch.cuda.synchronize()
         seconds.append(time.perf_counter() - start)
     side = RankSide(me, positions(me, cp, config.seq, config.split).tolist(),
                     scores_computed(config, me, cp), forward.total_ring, backward.total_ring,
