@@ -90,6 +90,19 @@ class TransformerTPSizes:
 
 
 @dataclass(frozen=True)
+class ContextParallelSizes:
+    """Lesson 10: attention over a sequence split across ranks, then the small Llama."""
+
+    model: LMConfig  # the training step's Llama (GQA, RoPE)
+    seq: int  # its tokens per sequence
+    batch: int
+    layer_seq: int  # one attention layer's tokens, for the launch that times each rank
+    layer_hidden: int
+    layer_heads: int
+    layer_kv_heads: int
+
+
+@dataclass(frozen=True)
 class ComposedSizes:
     """Lesson 10: the small Llama trained in 3-D, every layout on up to 8 ranks."""
 

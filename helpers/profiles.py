@@ -19,6 +19,7 @@ from helpers.core.sizes import format_bytes
 from helpers.models.llama import LMConfig, lm_config
 from helpers.profile_sizes import (  # noqa: F401 (re-exported: the lessons' sizes)
     ComposedSizes,
+    ContextParallelSizes,
     DataParallelSizes,
     FFNSizes,
     LMSizes,
@@ -54,13 +55,15 @@ class Profile:
     lm: LMSizes
     data_parallel: DataParallelSizes
     transformer_tp: TransformerTPSizes
+    context_parallel: ContextParallelSizes
     composed: ComposedSizes
 
     def describe(self, topic: str | None = None) -> str:
         """One line naming the profile and the sizes that ``topic`` (a lesson's subject) uses."""
         t, r, p, s, f, m = self.toy, self.resnet, self.pipeline, self.schedules, self.ffn, self.lm
         w, d, x, c = self.wide_ffn, self.data_parallel, self.transformer_tp, self.composed
-        lm, xm, cm = m.model, x.model, c.model
+        cp = self.context_parallel
+        lm, xm, cm, pm = m.model, x.model, c.model, cp.model
         sizes = {
             "toy": f"toy model {t.inputs} -> {t.hidden} -> {t.outputs}, batch {t.batch}",
             "resnet": f"ResNet50 batch {r.batch} at {r.image_size}x{r.image_size}, "
@@ -78,6 +81,10 @@ class Profile:
             "transformer_tp": f"Llama: vocab {xm.vocab}, hidden {xm.hidden}, {xm.heads} heads "
             f"({xm.kv} key/value), MLP {xm.ffn}, {xm.blocks} blocks; batch {x.batch} x "
             f"{x.seq} tokens; {x.time_steps} timed steps",
+            "context_parallel": f"attention layer of {cp.layer_seq} tokens, hidden "
+            f"{cp.layer_hidden}, {cp.layer_heads} heads ({cp.layer_kv_heads} key/value); Llama: "
+            f"vocab {pm.vocab}, hidden {pm.hidden}, {pm.heads} heads ({pm.kv} key/value), "
+            f"{pm.blocks} blocks; batch {cp.batch} x {cp.seq} tokens",
             "composed": f"Llama: vocab {cm.vocab}, hidden {cm.hidden}, {cm.heads} heads "
             f"({cm.kv} key/value), MLP {cm.ffn}, {cm.blocks} blocks; batch {c.batch} x "
             f"{c.seq} tokens in {c.microbatches} micro-batches; {c.steps} steps",
@@ -119,6 +126,9 @@ PROFILES: dict[str, Profile] = {
                                         collective_sizes=(2**10, 2**14, 2**18)),
         transformer_tp=TransformerTPSizes(llama(250, 64, 2, ffn=192, heads=8, kv_heads=4),
                                           seq=16, batch=2, time_steps=2),
+        context_parallel=ContextParallelSizes(llama(32, 32, 2, ffn=64, heads=4, kv_heads=2),
+                                              seq=16, batch=2, layer_seq=64, layer_hidden=32,
+                                              layer_heads=4, layer_kv_heads=2),
         composed=ComposedSizes(llama(32, 32, 2, ffn=64, heads=4, kv_heads=2),
                                seq=8, batch=8, microbatches=2, steps=4),
     ),
@@ -133,6 +143,9 @@ PROFILES: dict[str, Profile] = {
         data_parallel=SMALL_DP,
         transformer_tp=TransformerTPSizes(llama(1002, 256, 2, ffn=768, heads=8, kv_heads=4),
                                           seq=64, batch=4, time_steps=5),
+        context_parallel=ContextParallelSizes(llama(64, 64, 2, ffn=128, heads=4, kv_heads=2),
+                                              seq=32, batch=2, layer_seq=1024, layer_hidden=64,
+                                              layer_heads=4, layer_kv_heads=2),
         composed=ComposedSizes(llama(64, 64, 4, ffn=128, heads=4, kv_heads=2),
                                seq=16, batch=8, microbatches=2, steps=6),
     ),
@@ -148,6 +161,9 @@ PROFILES: dict[str, Profile] = {
                                         collective_sizes=tuple(2**k for k in range(10, 29, 2))),
         transformer_tp=TransformerTPSizes(llama(32002, 1024, 4, ffn=2816, heads=16, kv_heads=4),
                                           seq=256, batch=4, time_steps=10),
+        context_parallel=ContextParallelSizes(llama(1024, 256, 4, ffn=768, heads=8, kv_heads=4),
+                                              seq=256, batch=4, layer_seq=4096, layer_hidden=512,
+                                              layer_heads=8, layer_kv_heads=4),
         composed=ComposedSizes(llama(1024, 256, 4, ffn=768, heads=8, kv_heads=4),
                                seq=64, batch=16, microbatches=4, steps=12),
     ),
