@@ -86,6 +86,16 @@ def gloo_bytes(collective: str, world_size: int, nbytes: float, rank: int = 0,
     return float(children * nbytes)
 
 
+def all_to_all_sent(input: torch.Tensor, splits: list[int], rank: int, size: int) -> int:
+    """Bytes rank ``rank`` sends in an all-to-all of ``input``: every block of dim 0 but its
+    own (``splits``: the rows of each block; empty: ``size`` equal blocks)."""
+    rows = input.shape[0] if input.dim() else 1
+    splits = list(splits) or [rows // size] * size
+    if len(splits) != size or sum(splits) != rows:
+        raise ValueError(f"splits={splits} do not cut {rows} rows into {size} blocks")
+    return (rows - splits[rank]) * (input.numel() * input.element_size() // max(rows, 1))
+
+
 @dataclass(frozen=True)
 class AlphaBeta:
     """t = alpha + beta x bytes sent, fitted by least squares to one collective's timings."""

@@ -9,7 +9,7 @@ it three ways:
 - ``ring``: by the ring formula (:func:`~helpers.comm.collectives.ring_bytes`), what NCCL's
   ring sends; for a pipeline's send, the bytes of the tensors sent; for an all-to-all
   (``all_to_all_single``, even or uneven), the blocks this rank sends to the others, which
-  every algorithm sends directly (:func:`all_to_all_sent`);
+  every algorithm sends directly (:func:`~helpers.comm.collectives.all_to_all_sent`);
 - ``gloo``: by gloo's algorithms (:func:`~helpers.comm.collectives.gloo_bytes`), what this
   run's backend sends for the same calls (a reduce-scatter is an all-reduce on gloo);
 - ``meter.wire``: what left this process, read from the kernel's socket counters
@@ -49,7 +49,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from helpers.comm.collectives import gloo_bytes, ring_bytes
+from helpers.comm.collectives import all_to_all_sent, gloo_bytes, ring_bytes
 from helpers.comm.wire import WireMeter
 from helpers.memory.measure import nbytes
 
@@ -82,16 +82,6 @@ def _bytes(value: object) -> int:
     """Bytes of a tensor, or of a list of tensors (this rank's pieces)."""
     tensors = value if isinstance(value, (list, tuple)) else [value]
     return sum(nbytes(t) for t in tensors if isinstance(t, torch.Tensor))
-
-
-def all_to_all_sent(input: torch.Tensor, splits: list[int], rank: int, size: int) -> int:
-    """Bytes rank ``rank`` sends in an all-to-all of ``input``: every block of dim 0 but its
-    own (``splits``: the rows of each block; empty: ``size`` equal blocks)."""
-    rows = input.shape[0] if input.dim() else 1
-    splits = list(splits) or [rows // size] * size
-    if len(splits) != size or sum(splits) != rows:
-        raise ValueError(f"splits={splits} do not cut {rows} rows into {size} blocks")
-    return (rows - splits[rank]) * (nbytes(input) // max(rows, 1))
 
 
 def _root(func: object, args: tuple) -> int:

@@ -244,7 +244,7 @@ class Verdict:
         checks = f"{n} check{'s' if n > 1 else ''}"
         if not self.ok:
             bad = self.failed[0]
-            return (f"✗ {self.claim} ({len(self.failed)} of {checks} fail; {bad.what}: "
+            return (f"✗ {self.claim} ({len(self.failed)} of {checks} failed; {bad.what}: "
                     f"{bad.max_diff:.1e} > {bad.tolerance:.1e} allowed)")
         if all(p.max_diff == 0 for p in self.proofs):
             return f"✓ {self.claim} ({checks}, all exact)"

@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers.comm.meter import ALL_TO_ALL, P2P, CommMeter, all_to_all_sent
+from helpers.comm.collectives import all_to_all_sent
+from helpers.comm.meter import ALL_TO_ALL, P2P, CommMeter
 from helpers.torchrun.in_notebook import run_ranks
 
 

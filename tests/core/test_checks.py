@@ -153,7 +153,7 @@ def test_a_failed_verdict_says_which_proof_and_raises_with_the_table():
 
     v = Verdict("claim", [Proof("ok one", 0.0, 1e-6), Proof("bad one", 3e-3, 1e-6)])
     assert not v.ok and v.failed == (v.proofs[1],)
-    assert v.line().startswith("✗ claim (1 of 2 checks fail; bad one: 3.0e-03 > 1.0e-06")
+    assert v.line().startswith("✗ claim (1 of 2 checks failed; bad one: 3.0e-03 > 1.0e-06")
     with pytest.raises(AssertionError, match="bad one"):
         v.check()
 
