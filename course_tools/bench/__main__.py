@@ -48,6 +48,12 @@ def _transformer_tp() -> dict:
     return transformer_tp_section()
 
 
+def _context_parallel() -> dict:
+    from course_tools.bench.context_parallel import context_parallel_section  # lesson 10
+
+    return context_parallel_section()
+
+
 def _memory() -> dict:
     from course_tools.bench.memory import memory_section  # lessons 01-08's ledgers
 
@@ -56,7 +62,7 @@ def _memory() -> dict:
 
 SECTIONS: dict[str, Callable[[], dict]] = {
     "pipeline": _pipeline, "schedules": _schedules, "data_parallel": _data_parallel, "tp": _tp,
-    "transformer_tp": _transformer_tp, "memory": _memory,
+    "transformer_tp": _transformer_tp, "context_parallel": _context_parallel, "memory": _memory,
 }
 
 

@@ -14,6 +14,10 @@ with Blockwise Transformers").
 from __future__ import annotations
 
 import math
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +27,25 @@ from helpers.context_parallel.merge import block_attention, causal_mask, merge
 from helpers.context_parallel.split import positions
 
 Piece = tuple[slice, slice, torch.Tensor | None]  # query rows, key rows, mask (None: all seen)
+_CLOCK = threading.local()  # per rank (a rank may be a thread): the compute_clock in use
+
+
+@contextmanager
+def compute_clock() -> Iterator[list[float]]:
+    """Seconds this rank's ring attention spends computing inside the ``with``, apart from
+    the time it waits for the next block: ``[seconds]``, filled as it runs."""
+    spent = [0.0]
+    _CLOCK.spent = spent
+    try:
+        yield spent
+    finally:
+        _CLOCK.spent = None
+
+
+def _charge(start: float) -> None:
+    spent = getattr(_CLOCK, "spent", None)
+    if spent is not None:
+        spent[0] += time.perf_counter() - start
 
 
 def pieces(q_pos: torch.Tensor, k_pos: torch.Tensor, size: int, causal: bool) -> list[Piece]:
@@ -101,10 +124,12 @@ class RingAttention(torch.autograd.Function):
         for step in range(plan.cp):
             if step < plan.cp - 1:
                 send = block
+            start = time.perf_counter()
             for qs, ks, mask in plan.pieces(step):
                 part = block_attention(q[..., qs, :], _heads(block[0], heads)[..., ks, :],
                                        _heads(block[1], heads)[..., ks, :], mask)
                 out[..., qs, :], lse[..., qs] = merge(out[..., qs, :], lse[..., qs], *part)
+            _charge(start)
             if step < plan.cp - 1:
                 block = ring_pass(send, group, tag=10 * step)
         ctx.save_for_backward(q, k, v, out, lse)
@@ -120,6 +145,7 @@ class RingAttention(torch.autograd.Function):
         dq = torch.zeros_like(q)
         block = [k, v, torch.zeros_like(k), torch.zeros_like(v)]
         for step in range(plan.cp):
+            start = time.perf_counter()
             kk, vv = _heads(block[0], heads), _heads(block[1], heads)
             dk, dv = torch.zeros_like(kk), torch.zeros_like(vv)
             for qs, ks, mask in plan.pieces(step):
@@ -134,6 +160,7 @@ class RingAttention(torch.autograd.Function):
                 dk[..., ks, :] += (ds.transpose(-2, -1) @ q[..., qs, :]) * scale
             block[2] = block[2] + _fold(dk, k.shape[1])
             block[3] = block[3] + _fold(dv, v.shape[1])
+            _charge(start)
             if plan.cp > 1:
                 moving = block if step < plan.cp - 1 else block[2:]
                 moved = ring_pass(moving, group, tag=1000 + 10 * step)

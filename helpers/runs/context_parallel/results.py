@@ -44,6 +44,7 @@ class RankSide(Record):
     backward_gloo: float
     wire_sent: int | None  # bytes its sockets sent for one forward+backward; None: unread
     seconds: list[float]  # each timed forward+backward
+    computing: list[float]  # of each, the seconds ring attention computed (not waiting)
 
     @property
     def mean_ms(self) -> float:
@@ -52,6 +53,11 @@ class RankSide(Record):
     @property
     def std_ms(self) -> float:
         return 1e3 * statistics.stdev(self.seconds) if len(self.seconds) > 1 else 0.0
+
+    @property
+    def computing_ms(self) -> float:
+        """Mean milliseconds of each pass spent computing (ring variants; else 0)."""
+        return 1e3 * statistics.fmean(self.computing) if self.computing else float("nan")
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from helpers.comm.meter import CommMeter
 from helpers.comm.wire import WireMeter
 from helpers.context_parallel.gather import allgather_attention, ulysses_attention
-from helpers.context_parallel.ring import RingPlan, ring_attention
+from helpers.context_parallel.ring import RingPlan, compute_clock, ring_attention
 from helpers.context_parallel.split import positions, shard, unshard
 from helpers.context_parallel.traffic import layer_traffic
 from helpers.core.checks import Proof
@@ -124,21 +124,23 @@ def main(config: CPAttentionConfig, rank: Rank) -> CPAttentionResult:
         gathered.append(unshard([p.cpu() for p in parts], cp, config.split))
     for _ in range(config.warmup):
         pass_once(config, local, group)
-    seconds = []
+    seconds, computing = [], []
     cuda = rank.device.type == "cuda"
     for _ in range(config.repeats):
         dist.barrier(group=group)
         if cuda:
             torch.cuda.synchronize()
-        start = time.perf_counter()
-        pass_once(config, local, group)
-        if cuda:
-            torch.cuda.synchronize()
-        seconds.append(time.perf_counter() - start)
+        with compute_clock() as spent:
+            start = time.perf_counter()
+            pass_once(config, local, group)
+            if cuda:
+                torch.cuda.synchronize()
+            seconds.append(time.perf_counter() - start)
+        computing.append(spent[0])
     side = RankSide(me, positions(me, cp, config.seq, config.split).tolist(),
                     scores_computed(config, me, cp), forward.total_ring, backward.total_ring,
                     forward.total_gloo, backward.total_gloo,
-                    wire.sent if wire.available else None, seconds)
+                    wire.sent if wire.available else None, seconds, computing)
     sides: list[dict | None] = [None] * cp
     dist.all_gather_object(sides, side.to_dict(), group=group)
     want = reference(*full, config.causal)
