@@ -104,7 +104,7 @@ class ContextParallelSizes:
 
 @dataclass(frozen=True)
 class ComposedSizes:
-    """Lesson 10: the small Llama trained in 3-D, every layout on up to 8 ranks."""
+    """Lesson 11: the small Llama trained in 3-D, every layout on up to 8 ranks."""
 
     model: LMConfig
     seq: int

@@ -3,12 +3,12 @@
 import torch
 from torch import nn
 
-
-# %% Exercise 01.1: Adam's state for a module
-def adam_bytes(module: nn.Module) -> int:
-    """Two float32 moments per parameter element, plus one float32 step count per tensor."""
-    params = list(module.parameters())
-    return sum(2 * p.numel() * 4 for p in params) + 4 * len(params)
+# %% Exercise 01.1: what grows with the batch
+# Weights, gradients and Adam's two moments are sized by the layers' shapes: the batch
+# changes none of them. Every tensor a layer keeps for backward has one row per sample:
+# net1's input on dev0 (and the ReLU's output), and on dev1 its copy of the activation that
+# crossed the cut and MSE's output and target. They stay where the layers ran.
+grows = {("dev0", "activations"), ("dev1", "activations")}
 
 
 # %% Exercise 01.2: bytes across a cut
@@ -19,4 +19,12 @@ def crossing_bytes(layers: nn.Sequential, cut: int, batch: int) -> int:
     return 2 * activation.numel() * activation.element_size()
 
 
-ANSWERS = {"01.1": adam_bytes, "01.2": crossing_bytes}
+# %% Exercise 01.3: why only one device works at a time
+def busy_share(forward: list[float], backward: list[float]) -> list[float]:
+    """Stage k+1 needs stage k's activation, stage k's backward needs the gradient from
+    stage k+1: the stages run one after another, so the step is the sum of all their times."""
+    step = sum(forward) + sum(backward)
+    return [(f + b) / step for f, b in zip(forward, backward, strict=True)]
+
+
+ANSWERS = {"01.1": grows, "01.2": crossing_bytes, "01.3": busy_share}

@@ -27,4 +27,12 @@ def cut_bytes(block: str, batch: int, image_size: int) -> int:
     return batch * channels * side * side * 4
 
 
-ANSWERS = {"02.1": three_stage_cut, "02.2": cut_bytes}
+# %% Exercise 02.3: why the split is not faster
+def naive_speedup(stage_times: list[float], copy: float) -> float:
+    """The stages take turns, so the split takes what one device takes, the sum of the
+    stages' times, plus a copy each way (activation forward, gradient back) at every cut."""
+    one_device = sum(stage_times)
+    return one_device / (one_device + 2 * (len(stage_times) - 1) * copy)
+
+
+ANSWERS = {"02.1": three_stage_cut, "02.2": cut_bytes, "02.3": naive_speedup}

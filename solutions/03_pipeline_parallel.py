@@ -16,4 +16,12 @@ def gpipe_bubble(stage_costs: list[float], M: int) -> float:
 fewest_m = 27
 
 
-ANSWERS = {"03.1": gpipe_bubble, "03.2": fewest_m}
+
+# %% Exercise 03.3: why more micro-batches shrink the bubble
+def stage_ticks(K: int, M: int) -> tuple[int, int]:
+    """A stage runs M forwards and M backwards (busy); it waits K-1 ticks for the pipeline
+    to fill and K-1 for it to drain (idle), whatever M is."""
+    return 2 * M, 2 * (K - 1)
+
+
+ANSWERS = {"03.1": gpipe_bubble, "03.2": fewest_m, "03.3": stage_ticks}

@@ -21,4 +21,12 @@ def peak_bytes(schedule: str, K: int, M: int, stage: int, weights: int, activati
     return weights + in_flight * activation
 
 
-ANSWERS = {"04.1": bubble, "04.2": peak_bytes}
+
+# %% Exercise 04.3: why 1F1B holds fewer activations for the same bubble
+def warmup(K: int, M: int, stage: int) -> int:
+    """Stage k's first gradient comes back after K - k forwards' worth of time: fewer and
+    it idles while waiting, more and it keeps extra micro-batches for the same bubble."""
+    return min(M, K - stage)
+
+
+ANSWERS = {"04.1": bubble, "04.2": peak_bytes, "04.3": warmup}

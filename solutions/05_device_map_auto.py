@@ -20,4 +20,13 @@ def copied_per_forward(device_map: dict, sizes: dict[str, int]) -> int:
     return sum(sizes[name] for name, device in device_map.items() if device in ("cpu", "disk"))
 
 
-ANSWERS = {"05.1": budgets_for_goal, "05.2": copied_per_forward}
+# %% Exercise 05.3: why hold back room for the largest layer
+def gpu0_peak(device_map: dict, sizes: dict[str, int]) -> int:
+    """GPU 0 keeps its own layers all along; an offloaded layer is copied in for its turn and
+    dropped after it, so at its fullest GPU 0 holds its layers plus the largest offloaded one."""
+    home = sum(sizes[name] for name, device in device_map.items() if device == 0)
+    away = [sizes[name] for name, device in device_map.items() if device in ("cpu", "disk")]
+    return home + max(away, default=0)
+
+
+ANSWERS = {"05.1": budgets_for_goal, "05.2": copied_per_forward, "05.3": gpu0_peak}

@@ -12,13 +12,15 @@ def zero2_bytes(params: int, world_size: int) -> int:
     return 2 * params + (2 + 12) * params // world_size
 
 
-# %% Exercise 06.2: the smallest ZeRO stage for Llama-7B on 8 cards of 24 GiB
-# from helpers.memory import LLAMA_7B_SHAPE, estimate_training_memory
-# [k for k in range(4)
-#  if estimate_training_memory(LLAMA_7B_SHAPE, batch=1, seq=4096, optimizer="adam",
-#                              precision="mixed", dp=8, zero=k, recompute=True).sum().total
-#  <= 24 * 2**30][0]
-smallest_zero_stage_7b = 3
+# %% Exercise 06.2: why ZeRO-3 sends half as much again as DDP
+def ring_bytes_per_step(stage: int, weight_bytes: int, world_size: int) -> float:
+    """One ring pass (a reduce-scatter, or an all-gather) sends (N-1)/N of the tensor from
+    each rank. DDP all-reduces the gradients: two passes. ZeRO-1 and -2 reduce-scatter the
+    gradients and all-gather the updated weights once: two passes. ZeRO-3 frees each unit's
+    weights after its forward, so it gathers them before the forward and again before the
+    backward, then reduce-scatters the gradients: three passes, 1.5 times DDP's."""
+    passes = 3 if stage == 3 else 2
+    return passes * (world_size - 1) / world_size * weight_bytes
 
 
 # %% Exercise 06.3: reduce-scatter from point-to-point sends
@@ -41,4 +43,4 @@ def my_reduce_scatter(full: torch.Tensor, rank: int, world_size: int, group) -> 
     return chunks[rank]
 
 
-ANSWERS = {"06.1": zero2_bytes, "06.2": smallest_zero_stage_7b, "06.3": my_reduce_scatter}
+ANSWERS = {"06.1": zero2_bytes, "06.2": ring_bytes_per_step, "06.3": my_reduce_scatter}

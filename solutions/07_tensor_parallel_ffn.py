@@ -4,13 +4,16 @@ import torch
 import torch.distributed as dist
 
 
-# %% Exercise 07.1: a rank's slices
-def my_shard(fc1_weight: torch.Tensor, fc2_weight: torch.Tensor, rank: int,
-             world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows of fc1 (its output features), the same columns of fc2 (its input features)."""
-    per = fc1_weight.shape[0] // world_size
-    rows = slice(rank * per, (rank + 1) * per)
-    return fc1_weight[rows], fc2_weight[:, rows]
+# %% Exercise 07.1: Why one all-reduce is enough
+def forward_values(tokens: int, hidden: int, ffn: int, world_size: int, plan: str) -> int:
+    """Column-row: each rank's inner units are whole, so only g sums the output. Row-column:
+    every unit is a partial sum until an all-reduce before the GeLU, and each rank ends
+    with some output features, which an all-gather hands to all."""
+    if world_size == 1:
+        return 0  # one rank holds everything
+    if plan == "column-row":
+        return tokens * hidden
+    return tokens * ffn + tokens * hidden
 
 
 # %% Exercise 07.2: g as an autograd function
@@ -36,4 +39,4 @@ def step_bytes(tokens: int, hidden: int, world_size: int, layers: int) -> float:
     return layers * 2 * (2 * (world_size - 1) / world_size * n)
 
 
-ANSWERS = {"07.1": my_shard, "07.2": AllReduceSum, "07.3": step_bytes}
+ANSWERS = {"07.1": forward_values, "07.2": AllReduceSum, "07.3": step_bytes}

@@ -3,23 +3,20 @@
 import torch
 import torch.distributed as dist
 
-# %% Exercise 09.1: which weights are split, and how
-# What a rank holds of each weight, as PyTorch stores it: nn.Linear (out, in), nn.Embedding
-# (vocab, hidden). Column-parallel layers keep rows (their output features), row-parallel
-# ones keep columns (their input features); the norms normalise the whole hidden vector.
-split_of_block = {
-    "attn_norm.weight": "replicated",
-    "attn.q_proj.weight": "rows",  # this rank's query heads
-    "attn.k_proj.weight": "rows",  # its key/value heads
-    "attn.v_proj.weight": "rows",
-    "attn.o_proj.weight": "columns",  # the input columns of its heads; g sums the outputs
-    "mlp_norm.weight": "replicated",
-    "mlp.gate_proj.weight": "rows",  # its part of the MLP width
-    "mlp.up_proj.weight": "rows",
-    "mlp.down_proj.weight": "columns",
-    "embed.weight": "rows",  # its slice of the vocabulary
-    "norm.weight": "replicated",
-    "head.weight": "rows",  # its columns of the logits
+# %% Exercise 09.1: why each block needs f
+# Follow the gradient back from the block's output. g's backward is the identity, so the MLP's
+# shards (gate, up, down) get their output's whole gradient, and their input, mlp_norm's
+# output, is right in forward: their gradients stay right. Without f, mlp_norm's output gets
+# only this rank's MLP columns' share of its gradient: its weight's gradient is wrong, and so
+# is the gradient it passes on into h. Everything of the attention half is trained from that
+# wrong gradient: o, q, k, v and attn_norm.
+wrong_without_f = {
+    "mlp_norm.weight",
+    "attn.o_proj.weight",
+    "attn.q_proj.weight",
+    "attn.k_proj.weight",
+    "attn.v_proj.weight",
+    "attn_norm.weight",
 }
 
 
@@ -50,4 +47,4 @@ def my_vocab_parallel_loss(local_logits: torch.Tensor, targets: torch.Tensor, st
     return (sum_exp.log() - target).mean()
 
 
-ANSWERS = {"09.1": split_of_block, "09.2": sp_saving, "09.3": my_vocab_parallel_loss}
+ANSWERS = {"09.1": wrong_without_f, "09.2": sp_saving, "09.3": my_vocab_parallel_loss}

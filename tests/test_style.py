@@ -90,3 +90,13 @@ def test_the_tooling_rule_can_fail():
     assert TOOLING.search("from course_tools.bench import sections\n")
     assert TOOLING.search("    import playwright\n")
     assert not TOOLING.search("from helpers.core import paths\n")
+
+
+def test_every_test_file_name_is_unique():
+    """The test folders are not packages, so pytest's default import mode needs each test
+    module's file name to be unique across them."""
+    names: dict[str, list[str]] = {}
+    for path in (ROOT / "tests").rglob("*.py"):
+        if path.name not in ("__init__.py", "conftest.py"):
+            names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert not {n: p for n, p in names.items() if len(p) > 1}

@@ -43,8 +43,8 @@ from course_tools.website.browser import chromium
 from helpers.core.paths import REPO_ROOT, RESULTS_DIR, display_path
 
 FIRST = "01_toy_model_parallel.ipynb"  # run with Run All: the shortest lesson
-EXERCISE = ("01.1", "def adam_bytes(module",
-            "def adam_bytes(module):\n    return sum(p.numel() * 4 for p in module.parameters())")
+EXERCISE = ("01.3", "def busy_share(forward",
+            "def busy_share(forward, backward):\n    return [1 / len(forward)] * len(forward)")
 PLANTED_FRAGMENT = "no-such-term"
 COPIED = ("notebooks", "docs", "solutions", "README.md")
 

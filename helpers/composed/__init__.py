@@ -1,4 +1,4 @@
-"""The small Llama trained in 3-D (lesson 10): FSDP x tensor + sequence parallel x pipeline.
+"""The small Llama trained in 3-D (lesson 11): FSDP x tensor + sequence parallel x pipeline.
 
 Taught: ``data`` (a learnable task made locally: sequences from a fixed random Markov
 chain, the same batch for every layout at every step), ``layout`` (the ``(pp, dp, tp)``
@@ -8,7 +8,8 @@ what a harness measures), ``ledger`` (what a rank holds and sends, predicted fro
 shapes), ``checkpoint`` (folders of ``torch.distributed.checkpoint`` that any layout
 loads, verified), ``layout_search`` (which layout of a cluster fits a Llama, chosen by a
 rule built on Megatron-LM's takeaways, with ZeRO counted as data parallelism: the course's
-extension) and ``published_layouts`` (what others ran).
+extension), ``published_layouts`` (what others ran) and ``diagrams`` (the mesh's groups
+and what one rank holds of one weight, drawn from the layout the run uses).
 
 The lesson's launches, instruments and records are in ``helpers/runs/llama_3d``.
 """

@@ -14,10 +14,13 @@ import copy
 import math
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 from helpers.models.attention import divisors
 from helpers.models.llama import LMConfig, TinyLM
+
+DIMS = ("pp", "dp", "tp")  # the mesh's dimensions, outermost first
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,29 @@ class Layout:
     @property
     def world_size(self) -> int:
         return self.pp * self.dp * self.tp
+
+    def grid(self, ranks: list[int] | None = None) -> torch.Tensor:
+        """``ranks`` (default: 0 .. world size - 1) laid out on the mesh, shape ``(pp, dp,
+        tp)``, row-major as ``DeviceMesh`` takes them: ``tp``, the innermost, varies fastest."""
+        ranks = list(range(self.world_size)) if ranks is None else ranks
+        if len(ranks) != self.world_size:
+            raise ValueError(f"{len(ranks)} ranks for a mesh of {self.world_size}; valid: "
+                             f"{self.world_size} ranks")
+        return torch.tensor(ranks).reshape(self.pp, self.dp, self.tp)
+
+    def groups(self, dim: str) -> list[list[int]]:
+        """Every group along ``dim``: the ranks whose indices differ only along ``dim``."""
+        if dim not in DIMS:
+            raise ValueError(f"dim={dim!r}; valid: {', '.join(DIMS)}")
+        size = getattr(self, dim)
+        return self.grid().movedim(DIMS.index(dim), -1).reshape(-1, size).tolist()
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """``rank``'s index along each dimension, e.g. ``{"pp": 0, "dp": 1, "tp": 1}``."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank={rank}; valid: 0 .. {self.world_size - 1}")
+        p, d, t = ((self.grid() == rank).nonzero()[0]).tolist()
+        return {"pp": p, "dp": d, "tp": t}
 
     def __str__(self) -> str:
         parts = [f"{name}={getattr(self, name)}" for name in ("dp", "tp", "pp")

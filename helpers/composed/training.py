@@ -4,7 +4,7 @@ Every rank of the mesh runs :func:`train_3d` on the same global batch at every s
 data-parallel shard takes its rows, the first stage feeds them to the pipeline, the last
 one computes the loss (under ``loss_parallel`` when ``tp > 1``), and the loss of the whole
 batch is reduced over the mesh. A harness attaches from outside through :class:`Hooks`
-(lesson 10's clock, byte counter, memory meter and checkpoints:
+(lesson 11's clock, byte counter, memory meter and checkpoints:
 ``helpers.runs.llama_3d.instrumented``); the loop itself knows none of them.
 """
 
@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from helpers.composed.data import MarkovTask
-from helpers.composed.layout import Layout, StageModule, build_stage
+from helpers.composed.layout import DIMS, Layout, StageModule, build_stage
 from helpers.models.llama import LMConfig, build_lm
 
 CPU = torch.device("cpu")
@@ -92,8 +92,7 @@ def train_3d(config: TrainerConfig, ranks: list[int] | None = None, *,
 
     layout, hooks = config.layout, hooks or Hooks()
     ranks = list(range(layout.world_size)) if ranks is None else ranks
-    grid = torch.tensor(ranks).reshape(layout.pp, layout.dp, layout.tp)
-    mesh = DeviceMesh(device.type, grid, mesh_dim_names=("pp", "dp", "tp"))
+    mesh = DeviceMesh(device.type, layout.grid(ranks), mesh_dim_names=DIMS)  # tp innermost
     group = dist.new_group(ranks)
     if dist.get_rank() not in ranks:
         return None

@@ -4,8 +4,8 @@ Softmax attention of a query over keys split into blocks can be computed block b
 each block gives its partial output (softmax over that block only) and the log of its
 denominator, the log-sum-exp ``lse``. Two partial results merge exactly: the merged
 denominator is ``exp(lse_a) + exp(lse_b)``, and each partial output is re-weighted by its
-share of it. Every context-parallel variant is built on this (Milakov and Gimelshein 2018,
-"Online normalizer calculation for softmax").
+share of it. Ring attention is built on this; the merge of the denominators is the online
+softmax of Milakov and Gimelshein 2018, "Online normalizer calculation for softmax".
 """
 
 from __future__ import annotations

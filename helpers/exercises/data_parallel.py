@@ -1,5 +1,6 @@
-"""Checkers for lesson 06 (data parallelism and ZeRO sharding), exercises 06.1 and 06.2;
-06.3 (a reduce-scatter of your own) is in ``helpers.exercises.collectives``."""
+"""Checkers for lesson 06 (data parallelism and ZeRO sharding), exercises 06.1 (what a rank
+holds under ZeRO-2) and 06.2 (why ZeRO-3 sends half as much again as DDP); 06.3 (a
+reduce-scatter of your own) is in ``helpers.exercises.collectives``."""
 
 from __future__ import annotations
 
@@ -7,16 +8,18 @@ from collections.abc import Callable
 from numbers import Real
 
 from helpers.core.sizes import format_bytes
-from helpers.exercises.feedback import Wrong, answer, checker, given
+from helpers.exercises.feedback import Wrong, answer, checker
 from helpers.memory import LLAMA_7B_SHAPE, TransformerShape, estimate_training_memory
 from helpers.profiles import get_profile
+from helpers.runs.data_parallel.traffic import planned, ring_prediction
 
 # Mixed-precision Adam in the ZeRO paper's accounting: bytes per parameter.
 WEIGHT_BYTES, GRAD_BYTES, STATE_BYTES = 2, 2, 12
 
-# Exercise 06.2: Llama-7B, data parallel over DP cards of CARD bytes, one sequence each.
-DP, CARD, SEQ, BATCH = 8, 24 * 2**30, 4096, 1
+# Exercise 06.1's closing note: Llama-7B, data parallel over DP cards, one sequence each.
+DP, SEQ, BATCH = 8, 4096, 1
 STAGES = (0, 1, 2, 3)
+RUNS = ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3")  # stage k's run in the lesson's launch
 SENDS_NOT_KEEPS = ("(N-1)/N is the share of a tensor a rank sends in a ring reduce-scatter; "
                    "what a rank keeps of a sharded tensor is its own shard")
 
@@ -90,7 +93,7 @@ def check_zero2_bytes(zero2_bytes: Callable[[int, int], float]) -> str:
     return (f"Llama-7B on {DP} GPUs: {format_bytes(mine)} per rank under ZeRO-2 against "
             f"{format_bytes(zero_bytes(llama, DP, 0))} with DDP, before any activations. The "
             "16-bit weights, which ZeRO-2 still copies to every rank, are now the largest "
-            f"part. Section 7's table puts {format_bytes(table)} in its weights, grads and "
+            f"part. Section 6's table puts {format_bytes(table)} in its weights, grads and "
             "optimizer columns: the estimator also counts the one block whose whole gradient "
             "a rank holds while it is reduce-scattered "
             f"({format_bytes(block)}), and Adam's step counters "
@@ -102,61 +105,69 @@ def check_zero2_bytes(zero2_bytes: Callable[[int, int], float]) -> str:
 
 def estimated_states(stage: int) -> int:
     """Bytes of weights, grads and optimizer state per GPU for Llama-7B on ``DP`` GPUs
-    under ZeRO-``stage``, by the course's estimator (section 7's table)."""
+    under ZeRO-``stage``, by the course's estimator (section 6's table)."""
     row = estimate_training_memory(LLAMA_7B_SHAPE, batch=BATCH, seq=SEQ, optimizer="adam",
                                    precision="mixed", dp=DP, zero=stage).sum()
     return row.weights + row.grads + row.optimizer_state
 
 
-def zero_stage_total(stage: int) -> int:
-    """Bytes per GPU for exercise 06.2's Llama-7B run under ZeRO-``stage`` (the estimator's)."""
-    ledger = estimate_training_memory(LLAMA_7B_SHAPE, batch=BATCH, seq=SEQ, optimizer="adam",
-                                      precision="mixed", dp=DP, zero=stage, recompute=True)
-    return ledger.sum().total
+def step_ring_bytes(stage: int, weight_bytes: int, world_size: int) -> float:
+    """Bytes one rank sends in one step under ZeRO-``stage`` (0: DDP) by the ring formula,
+    from the plan the lesson checks every call of its launch against (``traffic.PLANS``)."""
+    return ring_prediction(planned(RUNS[stage], {"model": [weight_bytes]}), world_size)
 
 
-def smallest_fitting_stage() -> int:
-    """The smallest ZeRO stage whose per-GPU total fits the card."""
-    for stage in STAGES:
-        if zero_stage_total(stage) <= CARD:
-            return stage
-    raise ValueError(f"no ZeRO stage fits {format_bytes(CARD)}")
+def ring_cases() -> list[tuple[int, int, int]]:
+    """(stage, float32 weight bytes, world size): the small model on 8, 2 and 4 ranks, stage
+    3 first (the one the question is about), then one rank, which sends nothing. On 8
+    ranks every usual mistake gives its own count."""
+    small = 4 * small_lm_params()
+    return [(k, small, n) for n in (8, 2, 4) for k in (3, 0, 1, 2)] + [(3, small, 1)]
 
 
-def stage_table() -> str:
-    """Each stage's per-GPU total, in one line."""
-    return "; ".join(f"ZeRO-{k}{' (DDP)' if k == 0 else ''}: "
-                     f"{format_bytes(zero_stage_total(k))}" for k in STAGES)
+def _ring_mistakes(stage: int, s: float, n: int) -> list[tuple[float, str]]:
+    """(what a usual wrong count gives, its hint), first match wins."""
+    share = (n - 1) / n * s  # one ring pass: a reduce-scatter, or an all-gather
+    twice = ("A stage-3 unit's weights are freed after its forward (that is how ZeRO-3 "
+             "saves them), so they must be all-gathered again before its backward")
+    once = ("ZeRO-1 and -2 keep the weights whole: after the update each rank all-gathers "
+            "the new slices once, no more")
+    mistakes = {3: [(2 * share, "that is one all-reduce's bytes, DDP's: as if ZeRO-3 "
+                     "gathered the weights once. " + twice),
+                    (4 * share, "you counted the reduce-scatter as an all-reduce, as gloo "
+                     "runs it; in a ring it sends (N-1)/N of the tensor")],
+                 1: [(share, "after the update each rank holds only its own slice of the new "
+                      "weights; how do the other ranks get it?"), (3 * share, once)],
+                 0: [(share, "an all-reduce is a reduce-scatter and an all-gather: two ring "
+                      "passes")]}
+    mistakes[2] = mistakes[1]
+    return [*mistakes[stage], (s * 2 * {0: 1, 1: 1, 2: 1, 3: 1.5}[stage],
+                               "a ring pass sends (N-1)/N of the tensor, not all of it: a "
+                               "rank never sends the chunk it ends with")]
 
 
-@checker("06.2", "Set smallest_zero_stage_7b to a stage (0 to 3), then run this cell again.")
-def check_smallest_zero_stage_7b(smallest_zero_stage_7b: int) -> str:
-    """The smallest ZeRO stage with which Llama-7B trains on 8 cards of 24 GiB."""
-    got = given(smallest_zero_stage_7b)
-    if isinstance(got, bool) or not isinstance(got, int) or got not in STAGES:
-        raise Wrong(f"smallest_zero_stage_7b = {got!r}; expected a stage: 0 (plain DDP), 1, "
-                    "2 or 3")
-    want = smallest_fitting_stage()
-    if got < want:
-        raise Wrong(f"With ZeRO-{got} each GPU would need {format_bytes(zero_stage_total(got))}, "
-                    f"over {format_bytes(CARD)}",
-                    "each stage shards one more kind over the GPUs (1: the optimizer state, "
-                    "2: the gradients too, 3: the weights too), so a higher stage never needs "
-                    "more: ask the estimator about the stages above this one")
-    if got > want:
-        raise Wrong(f"ZeRO-{got} fits ({format_bytes(zero_stage_total(got))} per GPU), but a "
-                    "smaller stage fits too",
-                    "the question asks for the smallest stage that fits: prefer it, as every "
-                    "stage adds bookkeeping and in a ring (NCCL) ZeRO-3 sends 1.5 times DDP's "
-                    "bytes. Ask the estimator about the stages below this one")
-    return f"ZeRO-{want} is the smallest stage that fits: {stage_table()}.{_why(want)}"
-
-
-def _why(stage: int) -> str:
-    """What the stage below lacked, when the answer is the last stage."""
-    if stage != 3:
-        return ""
-    weights = format_bytes(WEIGHT_BYTES * LLAMA_7B_SHAPE.parameters())
-    return (f" Under ZeRO-2 every card still holds all the 16-bit weights, {weights}; ZeRO-3 "
-            f"keeps 1/{DP} of them and gathers each layer's only while it runs, for 1.5 times "
-            "DDP's traffic in a ring (NCCL).")
+@checker("06.2", "Write the body of ring_bytes_per_step(stage, weight_bytes, world_size), then "
+                 "run this cell again.")
+def check_zero_ring_bytes(ring_bytes_per_step: Callable[[int, int, int], float]) -> str:
+    """Bytes one rank sends per step by the ring formula, DDP and ZeRO-1/2/3."""
+    for stage, s, n in ring_cases():
+        call = f"ring_bytes_per_step(stage={stage}, weight_bytes={s:,}, world_size={n})"
+        got = _as_number(answer(ring_bytes_per_step, stage, s, n), call)
+        want = step_ring_bytes(stage, s, n)
+        if abs(got - want) <= 1:
+            continue
+        hint = ("one rank has no one to send to" if n == 1 else next(
+            (h for value, h in _ring_mistakes(stage, s, n) if abs(got - value) <= 1),
+            "list the collectives the stage issues for each weight in one step (the lesson's "
+            "section 3 says which), then add up what each sends in a ring"))
+        raise Wrong(f"{call} = {got:,.0f}; a rank sends {want:,.0f} bytes", hint)
+    s, n = 4 * small_lm_params(), 8
+    ratios = ", ".join(f"{RUNS[k]} {step_ring_bytes(k, s, n) / step_ring_bytes(0, s, n):g}"
+                       for k in STAGES)
+    return ("In all-reduces of the weights, by the ring formula: " + ratios + ". ZeRO-1 and -2 "
+            "cut DDP's all-reduce in two: a reduce-scatter of the gradients, then an "
+            "all-gather of the updated weights. ZeRO-3 frees each unit's weights after its "
+            "forward and gathers them again for its backward: one more all-gather, half an "
+            "all-reduce, the price of holding 1/N of the weights. FSDP2 with "
+            "reshard_after_forward=False gathers once, and holds every unit whole until its "
+            "backward (section 4).")

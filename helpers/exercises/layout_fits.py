@@ -1,27 +1,24 @@
-"""Checker for lesson 10's exercise 10.2: the layout that fits a given model and cluster.
+"""Checker for lesson 11's exercise 11.2: what fills the card, and which cut divides it.
 
 Llama-70B on 64 cards of 80 GiB (8 per node), mixed-precision Adam, sequences of 4096
 tokens, a global batch of 1024 sequences in micro-batches of one, 1F1B, and *no*
-recomputation: which ``(tp, pp)`` has the fewest model-parallel GPUs and fits, with tensor
-parallelism before pipeline stages? The reference is the lesson's own layout search, run now.
+recomputation. FSDP over all 64 GPUs does not fit: which kind of memory fills the card,
+and which of the three cuts divides it? The reference is the lesson's own estimator and
+layout search, run now: the learner reasons, the estimator confirms.
 """
 
 from __future__ import annotations
 
-from helpers.composed.layout_search import (
-    CARD,
-    Candidate,
-    Search,
-    describe,
-    search_layouts,
-    valid_tp,
-)
+from helpers.composed.layout_search import CARD, Candidate, Search, describe, search_layouts
 from helpers.core.sizes import format_bytes
 from helpers.exercises.feedback import Wrong, checker, given
 from helpers.memory import LLAMA_70B_SHAPE
 
 GPUS, SEQ, GLOBAL_BATCH = 64, 4096, 1024
 SHAPE = LLAMA_70B_SHAPE
+KINDS = {"weights": "weights", "gradients": "grads", "optimizer state": "optimizer_state",
+         "activations": "activations"}
+CUTS = ("dp", "tp", "pp")
 
 
 def search(tp: int | None = None) -> Search:
@@ -30,77 +27,69 @@ def search(tp: int | None = None) -> Search:
                           gpu_bytes=CARD, recompute=(False,), tp=(tp,) if tp else None)
 
 
-def best_at(tp: int, pp: int) -> Candidate | None:
-    """The best fitting layout with this ``tp`` and ``pp`` (any sharding), or None."""
-    return next((c for c in search(tp).fitting if c.pp == pp), None)
-
-
 def closest_at(tp: int, pp: int) -> Candidate:
     """The layout with this ``tp`` and ``pp`` whose fullest GPU holds the least."""
     return min((c for c in search(tp).tried if c.pp == pp), key=lambda c: c.memory.total)
 
 
-def _valid(got: object) -> tuple[int, int]:
-    tps = [t for t in valid_tp(SHAPE) if GPUS % t == 0]
+def held(c: Candidate) -> dict[str, int]:
+    """Bytes on ``c``'s fullest GPU, per kind, by the names the exercise uses."""
+    return {kind: getattr(c.memory, field) for kind, field in KINDS.items()}
+
+
+def what_cuts_do() -> tuple[Candidate, dict[str, Candidate]]:
+    """FSDP over all the GPUs, and what each cut makes of it: ``dp`` the least sharding
+    (DDP: ZeRO stages change no activation), ``tp`` and ``pp`` a factor of 2."""
+    base = closest_at(1, 1)
+    ddp = next(c for c in search(1).tried if c.pp == 1 and c.zero == 0)
+    return base, {"dp": ddp, "tp": closest_at(2, 1), "pp": closest_at(1, 2)}
+
+
+def _valid(got: object) -> tuple[str, str]:
     if (not isinstance(got, tuple) or len(got) != 2
-            or not all(isinstance(v, int) and not isinstance(v, bool) for v in got)):
-        raise Wrong(f"layout_70b_64 = {got!r}; expected a pair of whole numbers (tp, pp), "
-                    "e.g. (8, 2)")
-    tp, pp = got
-    if tp not in tps:
-        raise Wrong(f"tp = {tp}; valid: {tps} (inside one node of 8 GPUs, dividing the 64 "
-                    "heads and the 8 key/value heads)")
-    if pp < 1 or (GPUS // tp) % pp or pp > SHAPE.blocks:
-        valid = [p for p in range(1, GPUS // tp + 1) if (GPUS // tp) % p == 0]
-        raise Wrong(f"pp = {pp} with tp = {tp}; valid: {valid} (tp x pp must divide the "
-                    f"{GPUS} GPUs, the rest are data-parallel ranks)")
-    return tp, pp
+            or not all(isinstance(v, str) for v in got)):
+        raise Wrong(f"fills_and_cut = {got!r}; expected a pair of strings (kind, cut), e.g. "
+                    "('weights', 'pp')")
+    kind, cut = got
+    if kind not in KINDS:
+        raise Wrong(f"kind = {kind!r}; valid: {', '.join(map(repr, KINDS))}")
+    if cut not in CUTS:
+        raise Wrong(f"cut = {cut!r}; valid: {', '.join(map(repr, CUTS))}")
+    return kind, cut
 
 
-def _overflow_hint(near: Candidate) -> str:
-    """What overflows the card in the closest layout, and what divides it."""
-    kinds = {"weights": near.memory.weights, "gradients": near.memory.grads,
-             "optimizer state": near.memory.optimizer_state,
-             "activations": near.memory.activations}
-    largest = max(kinds, key=kinds.__getitem__)
-    if largest != "activations":
-        return (f"the {largest} fill the card: more GPUs must share each copy of the model")
-    return ("what fills the card is the activations: without recomputation a GPU keeps every "
-            "activation of its blocks for each micro-batch in flight. ZeRO shards weights, "
-            "gradients and optimizer state, never activations; tensor parallelism (with "
-            "sequence parallelism) splits each block's; a 1F1B pipeline gives each stage "
-            "fewer blocks, but its first stage keeps one micro-batch in flight per stage")
-
-
-@checker("10.2", "Set layout_70b_64 to a pair (tp, pp), then run this cell again.")
-def check_layout_70b_64(layout_70b_64: tuple[int, int]) -> str:
-    """The fewest model-parallel GPUs (TP before PP) that fit Llama-70B on 64 GPUs without
-    recomputation."""
-    tp, pp = _valid(given(layout_70b_64))
-    want = search().chosen
-    if want is None:
-        raise ValueError("no layout fits: the exercise needs a search that finds one")
-    got = best_at(tp, pp)
-    if got is None:
-        near = closest_at(tp, pp)
-        raise Wrong(f"TP {tp} x PP {pp} does not fit: even as {describe(near)} the fullest GPU "
-                    f"needs {format_bytes(near.memory.total)}, over {format_bytes(CARD)}",
-                    _overflow_hint(near))
-    if got.model_parallel > want.model_parallel:
-        raise Wrong(f"TP {tp} x PP {pp} fits ({describe(got)}: "
-                    f"{format_bytes(got.memory.total)}), but fewer model-parallel GPUs fit "
-                    "too: each one taken from data parallelism adds communication inside "
-                    "every step",
-                    "the rule's first criterion is just enough model parallelism to fit, and "
-                    "data parallelism for the rest")
-    if (got.tp, got.pp) != (want.tp, want.pp):
-        raise Wrong(f"TP {tp} x PP {pp} fits with {tp * pp} model-parallel GPUs, but so does "
-                    f"a layout with more tensor parallelism and fewer pipeline stages: TP "
-                    "inside a node first, and a smaller bubble",
-                    "at equal tp x pp, the rule keeps tensor parallelism inside a node before "
-                    "it cuts pipeline stages across nodes")
-    without = closest_at(1, 1)
-    return (f"{describe(want)}: the fullest GPU needs {format_bytes(want.memory.total)} of "
-            f"{format_bytes(CARD)}. Without tensor parallelism, {describe(without)} would "
-            f"need {format_bytes(without.memory.total)}: each GPU keeps a whole micro-batch's "
-            "activations for all 80 blocks, and TP (with sequence parallelism) splits them.")
+@checker("11.2", "Set fills_and_cut to a pair (kind, cut), then run this cell again.")
+def check_fills_and_cut(fills_and_cut: tuple[str, str]) -> str:
+    """Which kind fills the card under FSDP 64 without recomputation, and which cut
+    divides it, against the estimator."""
+    kind, cut = _valid(given(fills_and_cut))
+    base, cuts = what_cuts_do()
+    have = held(base)
+    fills = max(have, key=have.__getitem__)
+    gib = {k: format_bytes(v) for k, v in have.items()}
+    if kind != fills:
+        raise Wrong(f"Under {describe(base)} without recomputation the fullest GPU holds "
+                    f"{gib[kind]} of {kind} but {gib[fills]} of {fills}, of "
+                    f"{format_bytes(base.memory.total)} in all",
+                    "FSDP already divides weights, gradients and optimizer state by the "
+                    "number of GPUs; ZeRO never shards what the forward keeps for the "
+                    "backward")
+    after = {c: held(x)[fills] for c, x in cuts.items()}
+    best = min(after, key=after.__getitem__)
+    if cut != best:
+        why = {"dp": ("data parallelism splits the batch, not a sequence: each GPU still "
+                      "runs a whole micro-batch through every block, under any ZeRO stage"),
+               "pp": ("a 1F1B pipeline gives each stage half the blocks, but its first "
+                      "stage keeps one micro-batch in flight per stage: two here")}
+        raise Wrong(f"{describe(cuts[cut])} still keeps {format_bytes(after[cut])} of "
+                    f"{fills} on its fullest GPU, against {gib[fills]} under "
+                    f"{describe(base)}", why.get(cut, ""))
+    chosen = search().chosen
+    return (f"{fills.capitalize()} fill the card: {gib[fills]} of {format_bytes(base.memory.total)} "
+            f"under {describe(base)}. {describe(cuts['tp'])} cuts them to "
+            f"{format_bytes(after['tp'])}: tensor parallelism, with sequence parallelism, "
+            f"splits every block's activations, which no ZeRO stage "
+            f"({format_bytes(after['dp'])} under {describe(cuts['dp'])}) and no pipeline "
+            f"({format_bytes(after['pp'])} under {describe(cuts['pp'])}) does. The search "
+            f"without recomputation chooses {describe(chosen)}: "
+            f"{format_bytes(chosen.memory.total)} of {format_bytes(CARD)}.")

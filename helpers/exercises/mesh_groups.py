@@ -1,4 +1,4 @@
-"""Checker for lesson 10's exercise 10.1: which ranks a ``(pp, dp, tp)`` ``DeviceMesh`` groups.
+"""Checker for lesson 11's exercise 11.1: which ranks a ``(pp, dp, tp)`` ``DeviceMesh`` groups.
 
 The reference is PyTorch itself, not a formula: for every rank of a layout, one *fake*
 process group (backend ``"fake"``: a single process, no communication) stands in for that
@@ -19,10 +19,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
+from helpers.core.sizes import format_bytes
 from helpers.exercises.feedback import NotSolved, Wrong, answer, checker, given, is_placeholder
 
 Groups = dict[str, list[list[int]]]
-DIMS = ("pp", "dp", "tp")  # outermost first, as lesson 10's mesh names them
+DIMS = ("pp", "dp", "tp")  # outermost first, as lesson 11's mesh names them
 GPUS_PER_NODE = 8
 NODE_LAYOUT = (2, 4, 8)  # 64 GPUs on 8 nodes: the success message counts nodes per group
 LAYOUTS = ((2, 2, 2), (1, 2, 2), (2, 1, 4), (4, 2, 1), (3, 2, 2), NODE_LAYOUT)
@@ -134,16 +135,16 @@ def _hint(dim: str, got: list[list[int]], want: Groups, sizes: dict[str, int]) -
     return f"{GROUP}; {ROW_MAJOR}"
 
 
-def _spans(groups: list[list[int]]) -> set[int]:
-    """How many nodes of ``GPUS_PER_NODE`` consecutive ranks each group spans."""
-    return {len({r // GPUS_PER_NODE for r in g}) for g in groups}
+def _spans(groups: list[list[int]], per_node: int = GPUS_PER_NODE) -> set[int]:
+    """How many nodes of ``per_node`` consecutive ranks each group spans."""
+    return {len({r // per_node for r in g}) for g in groups}
 
 
 def _nodes(count: set[int]) -> str:
     return "one node" if count == {1} else "/".join(map(str, sorted(count))) + " nodes"
 
 
-@checker("10.1", "Write the body of mesh_groups(pp, dp, tp), then run this cell again.")
+@checker("11.1", "Write the body of mesh_groups(pp, dp, tp), then run this cell again.")
 def check_mesh_groups(mesh_groups: Callable[[int, int, int], Groups]) -> str:
     """The groups of a ``(pp, dp, tp)`` mesh, against the ones PyTorch's ``DeviceMesh`` forms."""
     given(mesh_groups)
@@ -175,3 +176,53 @@ def check_mesh_groups(mesh_groups: Callable[[int, int, int], Groups]) -> str:
             f"group within {spans['tp']}, on its fast links, while each dp group spans "
             f"{spans['dp']} and each pp group {spans['pp']}: the innermost dimension is the "
             "one that stays inside a node.")
+
+
+# Exercise 11.3: why tp is innermost. The 2 x 2 x 2 mesh on nodes of 2 GPUs, ranks numbered
+# node by node: only the innermost dimension's groups stay inside a node.
+SMALL_MESH, SMALL_NODE = {"pp": 2, "dp": 2, "tp": 2}, 2
+
+
+def crossing_calls(innermost: str, calls: dict[str, float]) -> float:
+    """A rank's ``calls`` per step along the dimensions whose groups leave a node, when
+    ``innermost`` is the mesh's last dimension (the other two in lesson 11's order)."""
+    order = (*(d for d in DIMS if d != innermost), innermost)
+    return float(sum(calls.get(d, 0) for d in DIMS if _spans(
+        _groups_in_order(SMALL_MESH, order, d), SMALL_NODE) != {1}))
+
+
+@checker("11.3", "Set innermost_and_crossing to a pair (dimension, calls), then run this "
+         "cell again.")
+def check_innermost(innermost_and_crossing: tuple[str, float], calls: dict[str, float],
+                    sent: dict[str, float]) -> str:
+    """The dimension to put innermost, and the calls per step that still leave a node,
+    from a rank's counted ``calls`` and bytes ``sent`` per dimension."""
+    got = given(innermost_and_crossing)
+    if (not isinstance(got, tuple) or len(got) != 2 or got[0] not in DIMS
+            or isinstance(got[1], bool) or not isinstance(got[1], int | float)):
+        raise Wrong(f"innermost_and_crossing = {got!r}; expected a pair (dimension, calls), "
+                    f"the dimension one of {', '.join(map(repr, DIMS))}, e.g. ('pp', 12)")
+    innermost, crossing = got
+    cross = {d: crossing_calls(d, calls) for d in DIMS}
+    best = min(cross, key=cross.__getitem__)
+    heavy = max(sent, key=sent.__getitem__)
+    if innermost != best:
+        extra = (f"; {innermost} sends the most bytes, but in few calls, which FSDP can "
+                 "start early on GPUs" if innermost == heavy else "")
+        raise Wrong(f"With {innermost} innermost, {cross[innermost]:.0f} calls per step "
+                    f"leave the node; with {best} innermost, {cross[best]:.0f}{extra}",
+                    "every call that crosses a node waits on the slower link, and the "
+                    "next operation waits for it: keep the dimension that calls most "
+                    "often inside the node")
+    if abs(crossing - cross[best]) > 1e-9:
+        raise Wrong(f"With {best} innermost, the calls per step that leave the node are not "
+                    f"{crossing}",
+                    "on nodes of 2 GPUs only the innermost groups are neighbours; a group "
+                    "of the other two dimensions holds ranks 2 or 4 apart, on two nodes")
+    return (f"{best} innermost: {cross[best]:.0f} of the rank's {sum(calls.values()):.0f} calls "
+            f"per step leave its node, against "
+            + " and ".join(f"{cross[d]:.0f} with {d} innermost" for d in DIMS if d != best)
+            + f". By bytes {heavy} would win ({format_bytes(sent[heavy])} a step against "
+            f"{format_bytes(sent[best])} for {best}); what decides is how often the next "
+            f"operation waits. {best}'s calls sit inside every block, forward and "
+            "backward, and nothing can run until each returns.")

@@ -7,54 +7,64 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from helpers.exercises.feedback import Wrong, answer, checker
+from helpers.exercises.feedback import Wrong, answer, checker, given
 from helpers.memory import measure_training_memory
+from helpers.model_parallel.diagrams import busy_shares, naive_timeline
 from helpers.model_parallel.resnet import resnet50, resnet_layers
 from helpers.models.toy import ToyModel
 from helpers.pipeline.stage_cuts import balanced_split_points
 
-
-def _adam_cases() -> list[tuple[str, nn.Module, int, int]]:
-    torch.manual_seed(0)
-    return [
-        ("nn.Linear(10, 5)", nn.Linear(10, 5), 10, 5),
-        ("nn.Linear(300, 7, bias=False)", nn.Linear(300, 7, bias=False), 300, 7),
-        ("ToyModel('cpu', 'cpu', 1000, 10, 5)", ToyModel("cpu", "cpu", 1000, 10, 5), 1000, 5),
-    ]
+DEVICES, KINDS = ("dev0", "dev1"), ("weights", "grads", "optimizer", "activations")
+_LEDGER_KIND = {"optimizer": "optimizer_state"}
 
 
-def adam_reference(module: nn.Module, in_features: int, out_features: int) -> int:
-    """Adam's state after one real step, as ``measure_training_memory`` counts it."""
-    ledger = measure_training_memory(module, torch.randn(4, in_features),
-                                     torch.randn(4, out_features), optimizer="adam")
-    return ledger.sum().optimizer_state
+def batch_growth(small: int = 4, large: int = 8) -> dict[tuple[str, str], int]:
+    """Bytes each cell of the toy model's Adam ledger gains from batch ``small`` to ``large``."""
+    model = ToyModel("cpu", "cpu", 1000, 10, 5)
+    ledgers = [measure_training_memory(model, torch.randn(b, 1000), torch.randn(b, 5),
+                                       optimizer="adam", parts={"dev0": model.net1,
+                                                                "dev1": model.net2})
+               for b in (small, large)]
+    return {(d, k): getattr(ledgers[1][d], _LEDGER_KIND.get(k, k))
+            - getattr(ledgers[0][d], _LEDGER_KIND.get(k, k)) for d in DEVICES for k in KINDS}
 
 
-@checker("01.1", "Write the body of adam_bytes(module), then run this cell again.")
-def check_adam_bytes(adam_bytes: Callable[[nn.Module], int]) -> str:
-    """Bytes of Adam's state for a module's parameters, against one measured Adam step."""
-    for label, module, n_in, n_out in _adam_cases():
-        got = answer(adam_bytes, module)
-        want = adam_reference(module, n_in, n_out)
-        if got == want:
-            continue
-        params = list(module.parameters())
-        numel = sum(p.numel() for p in params)
-        if got == want - 4 * len(params):
-            hint = ("the moments are not all Adam keeps: its bias correction needs the "
-                    "number of steps taken, so it keeps a step counter per parameter tensor")
-        elif got in (numel * 4, numel):
-            hint = ("one running average per parameter is not Adam: it keeps two, of the "
-                    "gradient and of its square, each as large as the parameter")
-        elif got == want // 4 or got == (want - 4 * len(params)) // 4:
-            hint = "that counts elements; memory is counted in bytes, and a float32 holds 4"
-        else:
-            hint = ("Adam's state follows the parameters: for each parameter tensor, running "
-                    "averages of the gradient and of its square, and how many steps it took")
-        raise Wrong(f"For {label} you said {got:,} bytes; one measured Adam step keeps "
-                    f"{want:,} bytes of state", hint)
-    return ("Your count matches one real Adam step on every module tried (Linear with and "
-            "without bias, the toy model).")
+def _cells(grows: object) -> set[tuple[str, str]]:
+    try:
+        cells = {tuple(cell) for cell in grows}
+    except TypeError as error:
+        raise Wrong(f"grows = {grows!r}; expected a set of (device, kind) pairs") from error
+    for cell in cells:
+        if len(cell) != 2 or cell[0] not in DEVICES or cell[1] not in KINDS:
+            raise Wrong(f"{cell!r} is not a cell of the ledger",
+                        f"a cell is (device, kind): device one of {DEVICES}, kind one of {KINDS}")
+    return cells
+
+
+@checker("01.1", "Set grows to a set of (device, kind) pairs, then run this cell again.")
+def check_batch_growth(grows: set[tuple[str, str]]) -> str:
+    """Which cells of the Adam ledger grow with the batch, against two measured steps."""
+    got, growth = _cells(given(grows)), batch_growth()
+    want = {cell for cell, delta in growth.items() if delta > 0}
+    fixed = sorted(c for c in got - want)
+    if fixed:
+        raise Wrong(f"{fixed} do not grow when the batch doubles",
+                    "weights, gradients and Adam's moments are sized by the layers' shapes; "
+                    "a bigger batch adds rows to the tensors the layers keep, not to the "
+                    "layers")
+    if ("dev0", "activations") not in got:
+        raise Wrong("dev0's activations grow too",
+                    "net1 keeps its input, batch x in_features floats, to compute its weight "
+                    "gradient later; it keeps it on dev0, where net1 ran")
+    if ("dev1", "activations") not in got:
+        raise Wrong("dev1's activations grow too",
+                    "dev1 keeps its own copy of the activation that crossed the cut, and MSE "
+                    "keeps its output and target: one row of each per sample")
+    d0, d1 = growth["dev0", "activations"], growth["dev1", "activations"]
+    return (f"Only the activations grow, on both devices: from a batch of 4 to 8, dev0 keeps "
+            f"{d0:,} B more and dev1 {d1:,} B more. The layers' shapes fix the weights, "
+            "gradients and Adam's state; what a layer keeps for backward has one row per "
+            "sample and stays on the device where the layer ran.")
 
 
 def crossing_reference(layers: nn.Sequential, cut: int, batch: int) -> int:
@@ -106,6 +116,68 @@ def check_crossing_bytes(crossing_bytes: Callable[[nn.Sequential, int, int], int
     return (f"Every cut of the 7-layer MLP tried is right. The cheapest place to cut it is "
             f"before layers[{best}] ({costs[best]:,} bytes per step at batch 32): cut where "
             f"the activation is narrow.")
+
+
+@checker("01.3", "Write the body of busy_share(forward, backward), then run this cell again.")
+def check_busy_share(busy_share: Callable[[list[float], list[float]], list[float]]) -> str:
+    """Each device's busy share of a naive step, against the naive timeline's."""
+    cases = [([1.0, 1.0], [2.0, 2.0]), ([3.0, 1.0], [6.0, 2.0]), ([1.0, 2.0, 3.0], [2.0, 4.0, 6.0]),
+             ([0.5, 4.0], [1.0, 8.0])]
+    for forward, backward in cases:
+        got = answer(busy_share, forward, backward)
+        want = busy_shares(naive_timeline(forward, backward))
+        try:
+            shares = [float(s) for s in got]
+        except (TypeError, ValueError) as error:
+            raise Wrong(f"busy_share returned {got!r}; expected one share per device") from error
+        if len(shares) == len(want) and all(abs(a - b) < 1e-9 for a, b in zip(shares, want,
+                                                                                  strict=True)):
+            continue
+        call = f"busy_share({forward}, {backward}) = {[round(s, 3) for s in shares]}"
+        if sum(shares) > 1 + 1e-9:
+            hint = ("your shares add up to more than 1, as if two devices worked at once. "
+                    "Device k+1 cannot start its forward before device k's activation "
+                    "arrives, and device k's backward needs the gradient that device k+1 "
+                    "sends back: the step lasts the sum of all stages' times")
+        elif all(abs(s - 1 / len(forward)) < 1e-9 for s in shares):
+            hint = ("a device works only while its own stage runs: its forward plus its "
+                    "backward, out of the whole step")
+        else:
+            hint = "each share is that stage's forward plus backward, over the whole step"
+        raise Wrong(f"{call}; the timeline gives {[round(s, 3) for s in want]}", hint)
+    return ("Your shares add up to 1 in every case: at any moment exactly one device works, "
+            "so K devices do the work of one. Lesson 03 cuts the batch into micro-batches so "
+            "that the stages overlap.")
+
+
+@checker("02.3", "Write the body of naive_speedup(stage_times, copy), then run this cell again.")
+def check_naive_speedup(naive_speedup: Callable[[list[float], float], float]) -> str:
+    """One device's step time over the naive split's, against the naive timeline."""
+    cases = [([1.0, 1.0], 0.0), ([3.0, 1.0], 0.0), ([1.0, 1.0], 0.1), ([2.0, 1.0, 1.0], 0.05),
+             ([0.6, 0.4], 0.01)]
+    for times, copy in cases:
+        got = answer(naive_speedup, times, copy)
+        split = naive_timeline(times, [0.0] * len(times), copy)[-1].end
+        want = sum(times) / split
+        if not isinstance(got, (int, float)) or isinstance(got, bool):
+            raise Wrong(f"naive_speedup({times}, {copy}) = {got!r}; expected a number")
+        if abs(got - want) < 1e-9:
+            continue
+        cuts = len(times) - 1
+        if abs(got - sum(times) / max(times)) < 1e-9:
+            hint = ("that is every stage working at once, a pipeline's best case. In the naive "
+                    "split each stage waits for the one before it, so the split takes the sum "
+                    "of the stages' times, as one device does, plus the copies")
+        elif copy and abs(got - sum(times) / (sum(times) + cuts * copy)) < 1e-9:
+            hint = ("the gradient crosses each cut back, too: two copies per cut per step")
+        else:
+            hint = ("one device takes sum(stage_times); the split takes the same, one stage "
+                    "after another, plus a copy each way at every cut")
+        raise Wrong(f"naive_speedup({times}, {copy}) = {got!r}; the timeline gives {want:.4f}",
+                    hint)
+    return ("Whatever the cut, the speed-up is at most 1: the stages take turns, so the split "
+            "does one device's work plus the copies. Naive model parallelism buys memory, not "
+            "speed; lesson 03 overlaps the stages with micro-batches.")
 
 
 @checker("02.1", "Write the body of three_stage_cut(costs), then run this cell again.")

@@ -6,10 +6,10 @@ from collections.abc import Callable, Sequence
 
 from helpers.exercises.feedback import Wrong, answer, checker, given
 from helpers.memory.fits import SCHEDULES, ClusterLayout
+from helpers.pipeline.diagrams import ideal_timeline, idle_share, most_held, warmup_order
 from helpers.pipeline.events import bubble_theory
 from helpers.pipeline.runtime import CHUNKS_PER_RANK, SCHEDULE_NAMES
 from helpers.pipeline.schedule import gpipe_timeline
-from helpers.runs.schedules.report import ideal_timeline
 
 TARGET_STAGES, TARGET_BUBBLE = 4, 0.10
 STAGE_COST_CASES = (((1, 1), 4), ((1, 1, 1, 1), 8), ((1, 2), 4), ((3, 1, 1), 6),
@@ -91,6 +91,37 @@ def check_fewest_m(fewest_m: int) -> str:
             f"{drawn_bubble(TARGET_STAGES, want - 1):.1%} with one fewer. The batch must split "
             f"into {want} micro-batches, so it needs at least {want} samples.")
 
+
+def counted_ticks(stages: int, microbatches: int) -> list[tuple[int, int]]:
+    """(busy, idle) ticks of each stage, counted on the lesson's drawn GPipe timeline."""
+    rows = [r for r in gpipe_timeline(stages, microbatches).splitlines() if r.startswith("stage")]
+    cells = [row.split(":", 1)[1].split() for row in rows]
+    return [(len(c) - c.count(".."), c.count("..")) for c in cells]
+
+
+@checker("03.3", "Write the body of stage_ticks(K, M), then run this cell again.")
+def check_stage_ticks(stage_ticks: Callable[[int, int], tuple[int, int]]) -> str:
+    """A GPipe stage's busy and idle ticks, against the cells of ``gpipe_timeline``."""
+    for k, m in ((2, 1), (2, 4), (4, 4), (4, 16), (3, 7)):
+        got = answer(stage_ticks, k, m)
+        if not (isinstance(got, tuple) and len(got) == 2):
+            raise Wrong(f"stage_ticks({k}, {m}) = {got!r}; expected a pair (busy, idle)")
+        busy, idle = counted_ticks(k, m)[0]
+        if got[0] != busy:
+            raise Wrong(f"stage_ticks({k}, {m}) says {got[0]} busy ticks; the timeline has "
+                        f"{busy}", "each micro-batch costs a stage one forward tick and one "
+                        "backward tick")
+        if got[1] != idle:
+            hint = ("the pipeline fills once and drains once per step, however many "
+                    "micro-batches flow: does that wait depend on M?" if got[1] != k - 1 else
+                    "count both ends: the forwards fill the pipeline, the backwards drain it")
+            raise Wrong(f"stage_ticks({k}, {m}) says {got[1]} idle ticks; the timeline has {idle}",
+                        hint)
+    shares = ", ".join(f"M={m}: {counted_ticks(4, m)[0][1]} idle of "
+                       f"{sum(counted_ticks(4, m)[0])}" for m in (4, 16, 64))
+    return ("Right. Filling and draining cost every stage 2(K-1) ticks whatever M is; more "
+            "micro-batches only add busy ticks. So the bubble, idle / (busy + idle) = "
+            f"(K-1)/(M+K-1), shrinks like 1/M but never reaches zero (K=4: {shares}).")
 
 
 def bubble_hint(schedule: str, k: int, m: int, v: int, got: float) -> str:
@@ -175,3 +206,38 @@ def check_peak_bytes(peak_bytes: Callable[[str, int, int, int, int, int], int]) 
             "1 GiB of activations per micro-batch per stage, 12 GiB per GPU: "
             + ", ".join(f"{s} {'fits' if ok else 'does not fit'}" for s, ok in verdict.items())
             + ".")
+
+
+@checker("04.3", "Write the body of warmup(K, M, stage), then run this cell again.")
+def check_warmup(warmup: Callable[[int, int, int], int]) -> str:
+    """1F1B's warm-up: the bubble stays GPipe's, the activations held are the fewest."""
+    for k, m in ((2, 4), (4, 8), (4, 4), (3, 6)):
+        counts = [answer(warmup, k, m, stage) for stage in range(k)]
+        if not all(isinstance(c, int) for c in counts):
+            raise Wrong(f"warmup at K={k}, M={m} gave {counts}; expected whole numbers")
+        fewest = [min(m, k - stage) for stage in range(k)]
+        try:
+            order = warmup_order(k, m, counts)
+            replay = ideal_timeline(order, k, 1)
+        except ValueError as error:
+            raise Wrong(f"warm-ups {counts} at K={k}, M={m}: {error}",
+                        "a stage cannot run a micro-batch's backward before its forward") from None
+        idle, gpipe = idle_share(replay, k), bubble_theory("gpipe", k, m)
+        if idle > gpipe + 1e-9:
+            raise Wrong(f"with warm-ups {counts} at K={k}, M={m} the step idles {idle:.1%}, "
+                        f"more than GPipe's {gpipe:.1%}",
+                        "stage k's first backward waits for the gradient to come back from "
+                        "the last stage: how many other micro-batches must stage k have in "
+                        "flight to stay busy during one round trip?")
+        held = [round(h) for h in most_held(order, k, 1)]
+        if held != fewest:
+            raise Wrong(f"warm-ups {counts} at K={k}, M={m} keep GPipe's bubble but hold "
+                        f"{held} micro-batches' activations per stage; {fewest} is enough",
+                        "each forward run before the first backward keeps one more "
+                        "micro-batch's activations: run only as many as the wait needs")
+    return ("Right: between a micro-batch's forward and its backward, stage k must stay busy "
+            "while it travels to the last stage and back; K-k micro-batches in flight cover "
+            "that round trip exactly. After the warm-up, each backward frees one micro-batch "
+            "as each forward adds one, so stage k never holds more than K-k, where GPipe's "
+            "warm-up of M holds all M for the same bubble. One fewer and the stage idles on "
+            "every micro-batch.")

@@ -6,9 +6,11 @@ from collections.abc import Callable, Mapping
 
 from torch import nn
 
+from helpers.core.sizes import format_bytes
 from helpers.exercises.feedback import Wrong, answer, checker
+from helpers.placement.diagrams import peak_on_main
 from helpers.placement.offload import accelerate_device_map
-from helpers.placement.planner import device_of, tensor_devices
+from helpers.placement.planner import Plan, device_of, plan_device_map, tensor_devices
 from helpers.placement.sizing import Device, module_sizes, parse_budgets, tensor_bytes
 from helpers.runs.placement.report import device_label
 
@@ -107,3 +109,57 @@ def check_copied_per_forward(copied_per_forward: Callable[[dict, dict[str, int]]
                         f"brings {want:,} bytes to GPU 0", hint)
     return ("Every map tried matches. Generating 100 tokens runs 100 forwards: that many "
             "times these bytes cross PCIe (or come from disk), whatever the model computes.")
+
+
+def peak_plans(model: nn.Module) -> list[tuple[bool, Plan]]:
+    """Exercise 05.3's plans: (with the reserve?, plan) for two GPUs, the CPU and the disk,
+    each fill with and without the reserve; every key of their maps is one layer."""
+    total = module_sizes(model)[""]
+    plans = []
+    for gpu0, gpu1, cpu in ((0.45, 0.35, 0.25), (0.4, 0.3, 0.3), (0.5, 0.2, 0.4)):
+        budgets = {0: int(gpu0 * total), 1: int(gpu1 * total), "cpu": int(cpu * total),
+                   "disk": 10 * total}
+        plans += [(reserve, plan_device_map(model, budgets, strategy="sequential",
+                                            reserve_largest_layer=reserve))
+                  for reserve in (False, True)]
+    return plans
+
+
+def peak_hint(device_map: Mapping[str, Device], sizes: Mapping[str, int], got: int) -> str:
+    """From the likely misconception behind a wrong ``gpu0_peak`` to the principle."""
+    home = sum(sizes[n] for n, d in device_map.items() if d == 0)
+    away = [sizes[n] for n, d in device_map.items() if d in ("cpu", "disk")]
+    if got == home:
+        return ("an offloaded layer runs on GPU 0: for its turn its weights sit there, beside "
+                "the layers that live on GPU 0")
+    if got == home + sum(away):
+        return ("the offloaded layers are not on GPU 0 all at once: each is dropped after it "
+                "runs, so only the largest one sets the peak")
+    if got == max(away, default=0):
+        return "GPU 0 keeps its own layers for the whole forward: count them too"
+    return ("a layer on GPU 1 runs on GPU 1; each key of device_map is one layer, and "
+            "sizes[name] is its bytes")
+
+
+@checker("05.3", "Write the body of gpu0_peak(device_map, sizes), then run this cell again.")
+def check_gpu0_peak(gpu0_peak: Callable[[dict, dict[str, int]], int], model: nn.Module) -> str:
+    """GPU 0 at its fullest, against ``peak_on_main``; then what the numbers say about why."""
+    sizes = module_sizes(model)
+    plans = peak_plans(model)
+    over: dict[bool, list[tuple[int, int]]] = {False: [], True: []}
+    for reserve, plan in plans:
+        got = answer(gpu0_peak, dict(plan.device_map), dict(sizes))
+        want = peak_on_main(model, plan)[0]
+        if got != want:
+            raise Wrong(f"For the map {describe(plan.device_map)} you said {got:,} bytes; GPU 0 "
+                        f"holds {want:,} at its fullest", peak_hint(plan.device_map, sizes, got))
+        if want > plan.budgets[0]:
+            over[reserve].append((want, plan.budgets[0]))
+    if over[True] or not over[False]:
+        raise AssertionError(f"the exercise's plans no longer show the point: {over}")
+    peak, budget = max(over[False], key=lambda o: o[0] - o[1])
+    plain = sum(not reserve for reserve, _ in plans)
+    return (f"Filled without the reserve, {len(over[False])} of {plain} plans overflow "
+            f"GPU 0 once an offloaded layer is copied in (worst: {format_bytes(peak)} in a "
+            f"budget of {format_bytes(budget)}); with it, none does. The held-back room is "
+            "where that layer runs: that is why the fill keeps it free.")

@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from helpers.exercises.feedback import NotSolved, Wrong, answer, checker, given, is_placeholder
 from helpers.tensor_parallel import mappings as comm
-from helpers.tensor_parallel.ffn import FeedForward, cut_shard, split_weights
+from helpers.tensor_parallel.ffn import FeedForward, cut_shard
 from helpers.tensor_parallel.mappings import ring_allreduce_bytes
 from helpers.torchrun.in_notebook import run_ranks
 
@@ -21,40 +21,6 @@ TOLERANCE = 1e-5  # chosen: float32 sums of 2 partials in another order
 def _ffn(hidden: int = 8, ffn: int = 16, seed: int = 0) -> FeedForward:
     torch.manual_seed(seed)
     return FeedForward(hidden, ffn)
-
-
-@checker("07.1", "Write the body of my_shard(fc1_weight, fc2_weight, rank, world_size), then run "
-                 "this cell again.")
-def check_my_shard(my_shard: Callable) -> str:
-    """A rank's slices of fc1 and fc2, against ``split_weights``."""
-    model = _ffn()
-    fc1, fc2 = model.fc1.weight.detach(), model.fc2.weight.detach()
-    for world_size in (1, 2, 4):
-        for rank, (want1, want2) in enumerate(split_weights(model, world_size)):
-            got = answer(my_shard, fc1, fc2, rank, world_size)
-            try:
-                got1, got2 = got
-            except (TypeError, ValueError) as error:
-                raise Wrong(f"my_shard returned {type(got).__name__}; expected a pair "
-                            "(fc1 part, fc2 part)") from error
-            call = f"my_shard(rank={rank}, world_size={world_size})"
-            for label, g, w, hint in (
-                ("fc1", got1, want1, "fc1's output features are the FFN's inner units (ffn_size): "
-                 "split them, so each rank computes some whole units"),
-                ("fc2", got2, want2, "fc2 must take exactly the inner units this rank computed "
-                 "as its input features"),
-            ):
-                if not isinstance(g, torch.Tensor):
-                    raise Wrong(f"{call}: the {label} part is a {type(g).__name__}; expected a "
-                                "tensor (a slice of the weight)")
-                if tuple(g.shape) != tuple(w.shape):
-                    raise Wrong(f"{call}: the {label} part has shape {tuple(g.shape)}; a rank "
-                                f"of {world_size} needs {tuple(w.shape)}", hint)
-                if not torch.equal(g, w):
-                    raise Wrong(f"{call}: the {label} part has the right shape but other "
-                                "values", f"which slice belongs to rank {rank}? {hint}")
-    return ("Each rank's slices are exactly split_weights'. fc1 is split by rows "
-            "(column-parallel), fc2 by columns (row-parallel).")
 
 
 def _rank_step(G: type, model: FeedForward, x: torch.Tensor, world_size: int):
@@ -178,3 +144,98 @@ def check_step_bytes(step_bytes: Callable[[int, int, int, int], float]) -> str:
             "directions together send about 4 times the activation once p is large, whatever "
             "p is, while each rank's FLOPs fall as 1/p: the reason tensor parallelism stays "
             "on fast links.")
+
+
+PLANS = ("column-row", "row-column")
+
+
+def _plan_forward(plan: str, model: FeedForward, x: torch.Tensor, rank: int, p: int,
+                  group: object) -> torch.Tensor:
+    """One rank's forward of the FFN with a GeLU, every rank holding all of ``x``.
+
+    column-row: Megatron's (``tp_forward`` of the rank's shard). row-column: fc1 cut by
+    its input features (partial sums of every unit, added before the GeLU), fc2 by its
+    output features (some output features per rank, gathered at the end)."""
+    if plan == "column-row":
+        return comm.tp_forward(cut_shard(model, p, rank, "gelu"), x, group)
+    mine = slice(rank * x.shape[-1] // p, (rank + 1) * x.shape[-1] // p)
+    partial = x[:, mine] @ model.fc1.weight[:, mine].detach().T
+    dist.all_reduce(partial, group=group)  # the units must be whole before the GeLU
+    out = torch.nn.functional.gelu(partial) @ model.fc2.weight[mine].detach().T
+    pieces = [torch.empty_like(out) for _ in range(p)]
+    dist.all_gather(pieces, out, group=group)  # every rank needs every output feature
+    return torch.cat(pieces, dim=-1)
+
+
+def counted_values(tokens: int, hidden: int, ffn: int, world_size: int, plan: str
+                   ) -> tuple[int, float]:
+    """(values rank 0's collectives returned in one forward of ``plan``, the largest |diff|
+    of any rank's output from the whole FFN's), run on real ranks (threads)."""
+    torch.manual_seed(3)
+    model = FeedForward(hidden, ffn, activation="gelu")
+    x = torch.randn(tokens, hidden)
+    with torch.no_grad():
+        want = model(x)
+    if world_size == 1:
+        return 0, (model(x) - want).abs().max().item()
+    values = [0] * world_size
+    lock = threading.Lock()
+    real_reduce, real_gather = dist.all_reduce, dist.all_gather
+
+    def reduce(tensor, *args, group=None, **kwargs):
+        with lock:
+            values[group.rank()] += tensor.numel()
+        return real_reduce(tensor, *args, group=group, **kwargs)
+
+    def gather(pieces, tensor, *args, group=None, **kwargs):
+        with lock:
+            values[group.rank()] += sum(t.numel() for t in pieces)
+        return real_gather(pieces, tensor, *args, group=group, **kwargs)
+
+    def work(rank: int, group: object) -> float:
+        with torch.no_grad():
+            out = _plan_forward(plan, model, x, rank, world_size, group)
+        return (out - want).abs().max().item()
+
+    with mock.patch.object(dist, "all_reduce", reduce), \
+            mock.patch.object(dist, "all_gather", gather):
+        results = run_ranks(world_size, work, timeout=30)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        raise errors[0]
+    return values[0], max(results)
+
+
+@checker("07.1", "Write the body of forward_values(tokens, hidden, ffn, world_size, plan), "
+                 "then run this cell again.")
+def check_forward_values(forward_values: Callable[[int, int, int, int, str], int]) -> str:
+    """Values one rank's collectives return in a forward, for both ways of cutting the FFN,
+    against the collectives counted on real ranks."""
+    for tokens, hidden, ffn, p in ((6, 8, 32, 2), (4, 8, 16, 4), (5, 4, 16, 1)):
+        for plan in PLANS:
+            got = answer(forward_values, tokens, hidden, ffn, p, plan)
+            want, diff = counted_values(tokens, hidden, ffn, p, plan)
+            assert diff <= TOLERANCE, (plan, diff)  # both plans compute the FFN
+            if isinstance(got, bool) or not isinstance(got, (int, float)) or got != want:
+                out, inner = tokens * hidden, tokens * ffn
+                hint = (
+                    "one rank holds all of fc1 and fc2: no collective at all" if p == 1 else
+                    "cut by its input features, fc1 leaves each rank a partial sum of every "
+                    "inner unit, and GeLU of a partial sum is not a partial sum of the GeLU: "
+                    "what must the ranks do before it?" if plan == "row-column" and got == out
+                    else "cut by its output features, fc2 leaves each rank some columns of "
+                    "the output; every rank needs all of them" if plan == "row-column"
+                    and got == inner else
+                    "between fc1 and fc2 each rank needs only the inner units it computed "
+                    "itself, whole: count only what g sums" if plan == "column-row"
+                    and got in (inner, out + inner, 2 * out) else
+                    f"count each collective's result: {out} values of output, {inner} of "
+                    "fc1's output, here")
+                raise Wrong(f"forward_values(tokens={tokens}, hidden={hidden}, ffn={ffn}, "
+                            f"world_size={p}, plan={plan!r}) = {got!r}; rank 0's collectives "
+                            f"returned {want} values in the counted run", hint)
+    return ("Both match the collectives counted on real ranks, and both plans compute the "
+            "FFN. Megatron's column-row order leaves each rank whole inner units, so the GeLU "
+            "is local and fc2's rows take exactly those units: one sum of the small output, "
+            "tokens x hidden. Cut the other way, the ranks add tokens x ffn values before the "
+            "GeLU and gather the output after it.")

@@ -160,3 +160,57 @@ def check_place(place) -> str:
     return (f"Each of the {NODES * PER_NODE} processes takes the GPU of its LOCAL_RANK "
             f"(cuda:0 to cuda:{PER_NODE - 1} on each machine) and the shard of its RANK "
             f"(0 to {NODES * PER_NODE - 1} across both).")
+
+
+# Rates assumed for the feedback's example (not measured): a CPU core, gloo over sockets
+CPU_RATES = {"flop_rate": 50e9, "bandwidth": 2e9, "latency": 200e-6}
+
+
+def model_speedup(tokens: int, hidden: int, ffn: int, p: int, flop_rate: float,
+                  bandwidth: float, latency: float) -> float:
+    """Lesson 07's cost model: one float32 forward on 1 rank against one on ``p`` ranks,
+    each the rank's products plus g's ring all-reduce, on the critical path."""
+    from helpers.tensor_parallel.mappings import forward_seconds, tp_cost
+
+    def seconds(world: int) -> float:
+        cost = tp_cost(1, tokens, hidden, ffn, world, 4)
+        return sum(forward_seconds(cost, tokens * hidden * 4, flop_rate=flop_rate,
+                                   bandwidth=bandwidth, latency=latency))
+
+    return seconds(1) / seconds(p)
+
+
+@checker("08.3", "Write the body of speedup(tokens, hidden, ffn, p, flop_rate, bandwidth, "
+                 "latency), then run this cell again.")
+def check_speedup(speedup) -> str:
+    """The speed-up of p ranks over one in lesson 07's model, against the course's own."""
+    given(speedup)
+    cases = ((128, 128, 512, 2, 50e9, 2e9, 30e-6), (512, 512, 4096, 2, 50e9, 2e9, 30e-6),
+             (128, 128, 512, 4, 1e12, 100e9, 5e-6), (256, 64, 256, 1, 50e9, 2e9, 30e-6))
+    for tokens, hidden, ffn, p, rate, bandwidth, latency in cases:
+        got = answer(speedup, tokens, hidden, ffn, p, rate, bandwidth, latency)
+        want = model_speedup(tokens, hidden, ffn, p, rate, bandwidth, latency)
+        if isinstance(got, bool) or not isinstance(got, (int, float)) or \
+                abs(got - want) > 1e-6 * want:
+            no_latency = model_speedup(tokens, hidden, ffn, p, rate, bandwidth, 0.0)
+            hint = ("the ranks still add their partial outputs: g's all-reduce comes after "
+                    "the products, and nothing else can start before it ends"
+                    if abs(got - p) < 1e-9 else
+                    "each of the ring's 2(p-1) steps pays the fixed cost `latency` too"
+                    if abs(got - no_latency) < 1e-6 * no_latency else
+                    "per rank: 4 x tokens x hidden x ffn / p FLOPs, then a ring all-reduce of "
+                    "the float32 output: 2(p-1) steps of `latency` plus 2(p-1)/p of its bytes "
+                    "over `bandwidth`; one rank alone needs no all-reduce")
+            raise Wrong(f"speedup(tokens={tokens}, hidden={hidden}, ffn={ffn}, p={p}, ...) = "
+                        f"{got!r}; the cost model gives {want:.4g}", hint)
+    small = model_speedup(128, 128, 512, 2, **CPU_RATES)
+    wide = model_speedup(512, 512, 4096, 2, **CPU_RATES)
+    rates = (f"{CPU_RATES['flop_rate'] / 1e9:g} GFLOP/s, {CPU_RATES['bandwidth'] / 1e9:g} GB/s, "
+             f"{CPU_RATES['latency'] * 1e6:g} us per ring step")
+    return (f"Your model agrees with lesson 07's. With rates assumed for a CPU core and gloo "
+            f"({rates}), p = 2 gives {small:.2f}x at this lesson's size and {wide:.2f}x at the "
+            "wide size: each rank's products shrink as 1/p and grow with hidden x ffn x "
+            "tokens, but the all-reduce only grows with hidden x tokens, and its fixed cost "
+            "per step never shrinks. Small layers spend their time talking. The speed-ups "
+            "measured on this machine fall further short: its cores are shared, which the "
+            "model leaves out.")

@@ -1,108 +1,81 @@
-"""Checkers for lesson 09 (tensor parallelism of a whole transformer), exercises 09.1 and
-09.2; 09.3 (the vocab-parallel loss) is in ``helpers.exercises.vocab_loss``."""
+"""Checkers for lesson 09 (tensor parallelism of a whole transformer), exercises 09.1 (why
+each block needs f) and 09.2 (what sequence parallelism saves); 09.3 (the vocab-parallel
+loss) is in ``helpers.exercises.vocab_loss``."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from numbers import Real
 
+import torch
+
 from helpers.core.sizes import format_bytes
-from helpers.exercises.feedback import NotSolved, Wrong, answer, checker, given, is_placeholder
+from helpers.exercises.feedback import Wrong, answer, checker, given
 from helpers.memory import TransformerShape
-from helpers.models.llama import LMConfig, build_lm
-from helpers.tensor_parallel.llama import model_cuts
+from helpers.models.llama import Block
+from helpers.runs.tp_llama.skip_f import wrong_gradients
 
 # --- 09.1 -----------------------------------------------------------------------------------
 
-CHOICES = ("rows", "columns", "replicated")
-SPLIT_CONFIG = LMConfig(vocab=64, hidden=64, blocks=1, ffn=128, heads=8, kv_heads=4, rope=True)
-SPLIT_TP = 2
-_BLOCK = "blocks.0."
-_COLUMN_PARALLEL = ("attn.q_proj.weight", "attn.k_proj.weight", "attn.v_proj.weight",
-                    "mlp.gate_proj.weight", "mlp.up_proj.weight")
-_ROW_PARALLEL = ("attn.o_proj.weight", "mlp.down_proj.weight")
-_NORMS = ("attn_norm.weight", "mlp_norm.weight", "norm.weight")
-_VOCAB = ("embed.weight", "head.weight")
+F_BLOCK, F_TP = (64, 128, 8, 4), 2  # hidden, MLP width, heads, key/value heads; ranks
+BLOCK_WEIGHTS = ("attn_norm.weight", "attn.q_proj.weight", "attn.k_proj.weight",
+                 "attn.v_proj.weight", "attn.o_proj.weight", "mlp_norm.weight",
+                 "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")
+_MLP = ("mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")
+_ATTENTION = ("attn.q_proj.weight", "attn.k_proj.weight", "attn.v_proj.weight",
+              "attn.o_proj.weight")
 
 
-def split_answer() -> dict[str, str]:
-    """Name -> how a rank holds it, from ``model_cuts`` (block names relative to the block)."""
-    cuts = model_cuts(build_lm(SPLIT_CONFIG, seed=0), rank=0, tp=SPLIT_TP)
-    return {name.removeprefix(_BLOCK): cut.how for name, cut in cuts.items()}
+@functools.cache
+def wrong_without_f_answer() -> frozenset[str]:
+    """The block weights whose gradient goes wrong on rank 0 of 2 when f is skipped: run on
+    thread ranks of a real gloo group (``skip_f``), against one process."""
+    hidden, ffn, heads, kv_heads = F_BLOCK
+    torch.manual_seed(0)
+    block = Block(hidden, ffn, heads, kv_heads, rope=True)
+    x = torch.randn(2, 8, hidden, generator=torch.Generator().manual_seed(1))
+    return frozenset(wrong_gradients(block, x, F_TP, skip_f=True))
 
 
-def _split_hint(name: str, got: str) -> str:
-    """Why ``got`` is not how a rank holds ``name``."""
-    if name in _ROW_PARALLEL:
-        return (f"{name.split('.')[1]} is row-parallel: its input is the part of the heads (or "
-                "of the MLP width) this rank computed, so a rank keeps the matching *input* "
-                "columns of the (out, in) weight and its partial outputs are summed (g)")
-    if name in _COLUMN_PARALLEL:
-        return (f"{name.split('.')[1]} is column-parallel: a rank computes some of its output "
-                "features (its heads, or its part of the MLP width), the rows of the (out, in) "
-                "weight; its input, the norm's output, is whole on every rank")
-    if name in _NORMS:
-        return ("a norm is replicated: every rank normalises the whole hidden vector of every "
-                "token (the RMS runs over all of it), so each holds the whole weight")
-    if got == "replicated":
-        return ("the embedding and the head are the largest weights: each rank keeps the rows "
-                "of its slice of the vocabulary, [start, end)")
-    return ("the embedding and the head are split by vocabulary, which is their rows (vocab, "
-            "hidden); the hidden vector stays whole on every rank")
+def _f_hint(got: set[str], want: frozenset[str]) -> str:
+    """Why ``got`` is not the set of weights that go wrong without f."""
+    if got & set(_MLP):
+        return ("gate, up and down get the gradient of their output through g, whose backward "
+                "is the identity: it is whole on every rank, and their input, the norm's "
+                "output, is right in forward, so their gradients stay right")
+    if not got >= {"mlp_norm.weight"}:
+        return ("follow the gradient back from the block's output: the first weight it meets "
+                "after the MLP's shards is mlp_norm's, and without f the gradient reaching the "
+                "norm's output is only this rank's MLP columns' share")
+    if not got >= set(_ATTENTION) | {"attn_norm.weight"}:
+        return ("the gradient that goes on from mlp_norm into h is wrong too, and h carries it "
+                "into g of the attention half: every weight of the attention half is trained "
+                "from that wrong gradient, not only the norm's")
+    return f"the weights that go wrong are {len(want)} of the {len(BLOCK_WEIGHTS)}"
 
 
-def _check_keys(got: dict, want: dict[str, str]) -> None:
-    unknown = [k for k in got if k not in want]
+@checker("09.1", "Set wrong_without_f to the set of a block's weights whose gradient goes wrong "
+                 "without f, then run this cell again.")
+def check_wrong_without_f(wrong_without_f: set[str]) -> str:
+    """Which of a block's weights get a wrong gradient when both f are skipped."""
+    got = given(wrong_without_f)
+    if not isinstance(got, (set, frozenset, list, tuple)):
+        raise Wrong(f"Expected a set of weight names, got {type(got).__name__}",
+                    "e.g. {'attn_norm.weight', 'mlp.up_proj.weight'}")
+    unknown = [n for n in got if n not in BLOCK_WEIGHTS]
     if unknown:
-        name = unknown[0]
-        hint = (f"name a block's weights inside the block, without '{_BLOCK}': e.g. "
-                f"'{name.removeprefix(_BLOCK)}'" if isinstance(name, str)
-                and name.startswith("blocks.") else f"valid names: {', '.join(want)}")
-        raise Wrong(f"split_of_block has an unknown name {name!r}", hint)
-    missing = [k for k in want if k not in got]
-    if missing:
-        raise Wrong(f"split_of_block lacks {', '.join(map(repr, missing))}",
-                    f"it needs all {len(want)}: the 9 weights of a block, embed.weight, "
-                    "norm.weight and head.weight")
-    for name, how in got.items():
-        if not is_placeholder(how) and how not in CHOICES:
-            raise Wrong(f"split_of_block[{name!r}] = {how!r}; valid: "
-                        f"{', '.join(map(repr, CHOICES))}",
-                        "'rows' or 'columns' of the weight as PyTorch stores it (nn.Linear: "
-                        "(out, in); nn.Embedding: (vocab, hidden)), or 'replicated' (whole)")
-
-
-def held_share(tp: int = SPLIT_TP) -> float:
-    """The share of the model's weights rank 0 holds."""
-    model = build_lm(SPLIT_CONFIG, seed=0)
-    cuts = model_cuts(model, 0, tp)
-    params = dict(model.named_parameters())
-    return sum(cuts[n].take(p).numel() for n, p in params.items()) / sum(
-        p.numel() for p in params.values())
-
-
-@checker("09.1", "Fill in split_of_block: 'rows', 'columns' or 'replicated' for each weight, "
-                 "then run this cell again.")
-def check_split_of_block(split_of_block: dict[str, str]) -> str:
-    """How each weight of the Llama is dealt to a rank, against ``model_cuts``."""
-    got = given(split_of_block)
-    if not isinstance(got, dict):
-        raise Wrong(f"Expected a dict from weight name to 'rows', 'columns' or 'replicated', "
-                    f"got {type(got).__name__}")
-    want = split_answer()
-    _check_keys(got, want)
-    wrong = [n for n in want if not is_placeholder(got[n]) and got[n] != want[n]]
-    if wrong:
-        name = wrong[0]
-        raise Wrong(f"split_of_block[{name!r}] = {got[name]!r}, which is not what a rank holds "
-                    f"({len(wrong)} of {len(want)} wrong)", _split_hint(name, got[name]))
-    if any(is_placeholder(v) for v in got.values()):
-        raise NotSolved
-    return ("Every weight as model_cuts deals it: q, k, v, gate and up column-parallel "
-            "(rows), o and down row-parallel (columns), each pair joined without "
-            "communication and summed by one all-reduce; the norms whole; the embedding and "
-            f"the head by vocabulary rows. At tp={SPLIT_TP} a rank of this small model holds "
-            f"{held_share():.0%} of its weights: only the norms are copied.")
+        raise Wrong(f"{unknown[0]!r} is not a weight of the block",
+                    f"valid names: {', '.join(BLOCK_WEIGHTS)}")
+    want = wrong_without_f_answer()
+    if set(got) != want:
+        raise Wrong("that is not the set of weights whose gradient goes wrong on rank 0 "
+                    "without f", _f_hint(set(got), want))
+    return ("Both norms and the whole attention half go wrong; the MLP's shards stay right. f's "
+            "backward all-reduce is what makes the gradient leaving each tensor-parallel region "
+            "whole. Without it the norms are the first casualty, and everything below them "
+            "inherits the error: an all-reduce of the norms' gradients afterwards would mend "
+            "mlp_norm's, but not q, k, v, o or attn_norm's.")
 
 
 # --- 09.2 -----------------------------------------------------------------------------------
@@ -190,3 +163,4 @@ def check_sp_saving(sp_saving: Callable[[int, int, int, int], float]) -> str:
             f"{format_bytes(sp_saving_bytes(t, h, tp, e))} of the {format_bytes(before)} one "
             "block keeps per rank, whatever the heads and the MLP width: what it cuts lies "
             "around the norms, outside the split layers.")
+

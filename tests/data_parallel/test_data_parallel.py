@@ -307,3 +307,35 @@ def test_the_memory_tables_fit_an_output_area_and_mark_a_prediction_that_differs
              ledger_table(one, one), ledger_table(one, other)]
     assert max(len(line) for t in texts for line in t.splitlines()) <= 100
     assert texts[2].endswith("✓") and texts[3].endswith("✗\n  predicted: optimizer_state 5 B")
+
+
+def test_the_hand_ddp_proof_catches_a_missing_division_and_zero_a_missing_gather():
+    """In-process thread ranks, the launch's tolerances: the right versions pass, the
+    broken ones fail where the lesson says they do."""
+    from helpers.runs.data_parallel.by_hand import hand_ddp_verdict, zero1_verdict
+
+    config = DataParallelConfig(model=TINY, batch=4, seq=8)
+    right, summed = hand_ddp_verdict(config), hand_ddp_verdict(config, divide=False)
+    assert right.ok and "grads" in {p.what for p in summed.failed}
+    assert summed.line().startswith("✗ DDP without ÷ N") and len(summed.line()) <= 100
+    kept, lost = zero1_verdict(config), zero1_verdict(config, gather=False)
+    assert kept.ok and [p.what for p in lost.failed] == ["weights"]
+    with pytest.raises(ValueError, match="does not split over 3 ranks"):
+        hand_ddp_verdict(config, world_size=3)
+
+
+def test_a_verdict_names_each_proof_by_its_run_and_refuses_an_unknown_run():
+    from helpers.core.checks import Proof
+
+    fake = object.__new__(DataParallelResult)  # only the fields a verdict reads
+    proofs = [Proof("grads", 1e-9, 1e-6), Proof("weights", 0.0, 1e-4)]
+    object.__setattr__(fake, "runs", {"DDP": type("R", (), {"proofs": proofs})()})
+    object.__setattr__(fake, "collective_checks", [Proof("all_reduce", 0.0, 0.0)])
+    object.__setattr__(fake, "no_sync_proofs", [Proof("grads", 2e-6, 1e-6)])
+    assert fake.verdict("DDP", "DDP").line().startswith("✓ DDP (2 checks")
+    assert [p.what for p in fake.verdict("c", "DDP").proofs] == ["DDP: grads", "DDP: weights"]
+    assert len(fake.verdict("c", "DDP", only=("weights",)).proofs) == 1
+    assert not fake.verdict("n", "no_sync").ok
+    assert fake.verdict("all", "collectives").line() == "✓ all (1 check, all exact)"
+    with pytest.raises(ValueError, match="no run 'ZeRO-4'; valid: DDP, collectives, no_sync"):
+        fake.verdict("c", "ZeRO-4")

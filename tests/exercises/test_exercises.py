@@ -19,8 +19,9 @@ from helpers.exercises.solutions import SOLUTIONS_DIR, load_solutions, sections
 from helpers.profiles import get_profile
 from helpers.torchrun.in_notebook import run_ranks
 
-MODULES = ("collectives", "data_parallel", "layout_fits", "mesh_groups", "model_parallel",
-           "pipeline", "placement", "tensor_parallel", "torchrun", "transformer_tp", "vocab_loss")
+MODULES = ("collectives", "context_parallel", "data_parallel", "layout_fits", "mesh_groups",
+           "model_parallel", "pipeline", "placement", "tensor_parallel", "torchrun",
+           "transformer_tp", "vocab_loss")
 LESSONS = lessons()
 
 
@@ -58,13 +59,19 @@ def extra_args(exercise: str) -> tuple:
     """What the lesson's check cell passes besides the answer."""
     if exercise == "02.1":
         return (resnet_flops(),)
-    if exercise in ("05.1", "05.2"):
+    if exercise in ("05.1", "05.2", "05.3"):
         return (tiny_lm(),)
+    if exercise == "11.3":
+        return (MESH_CALLS, MESH_SENT)
     return ()
 
 
-def check(exercise: str, value: object) -> Feedback:
-    return CHECKERS[exercise](value, *extra_args(exercise))
+# lesson 11's 2 x 2 x 2 rank 0, per step: calls and ring bytes per mesh dimension
+MESH_CALLS, MESH_SENT = {"tp": 40.0, "dp": 6.0, "pp": 3.0}, {"tp": 2.9e5, "dp": 3.1e5, "pp": 1.6e4}
+
+
+def check(exercise: str, value: object, *args: object) -> Feedback:
+    return CHECKERS[exercise](value, *(args or extra_args(exercise)))
 
 
 class _Identity(torch.autograd.Function):
@@ -101,13 +108,6 @@ def _whole_sum(full, rank, world_size, group):
     return out
 
 
-def _split(**changes):
-    """Exercise 09.1's answer with some weights dealt otherwise."""
-    from helpers.exercises.transformer_tp import split_answer
-
-    return {**split_answer(), **changes}
-
-
 def _vocab_loss(local, targets, start, end, group, *, shift=True, max_sum=True, exp_sum=True,
                 target_sum=True, target_shift=True, mean=True):
     """Exercise 09.3's loss, each step of which a wrong answer can leave out."""
@@ -138,39 +138,51 @@ NODE0 = ["--nnodes=2", "--nproc-per-node=4", "--node-rank=0", "--master-addr=nod
 
 # Plausible mistakes, and a word the feedback must contain.
 WRONG = {
-    "01.1": (lambda m: sum(8 * p.numel() for p in m.parameters()), "counter"),
+    "01.1": ({("dev0", "activations")}, "copy"),
     "01.2": (lambda layers, cut, batch: layers[:cut](torch.zeros(batch, layers[0].in_features))
              .numel() * 4, "back"),
+    "01.3": (lambda f, b: [(x + y) / max(map(sum, zip(f, b, strict=True)))
+                           for x, y in zip(f, b, strict=True)], "sum of all"),
     "02.1": (lambda costs: [len(costs) // 3, 2 * len(costs) // 3], "slowest"),
     "02.2": (lambda block, batch, size: batch * 512 * -(-size // 8) ** 2 * 4, "channels"),
+    "02.3": (lambda times, copy: sum(times) / max(times), "at once"),
     "03.1": (lambda costs, m: (len(costs) - 1) / (m + len(costs) - 1), "slowest stage"),
     "03.2": (20, "over 10%"),
+    "03.3": (lambda k, m: (2 * m, k - 1), "drain"),
     "04.1": (lambda s, k, m, v: (k - 1) / (m + k - 1), "1/v"),
     "04.2": (lambda s, k, m, stage, w, a: w + a * (m if s == "gpipe" else k), "stage k run"),
+    "04.3": (lambda k, m, stage: m, "activations"),
     "05.1": (_no_reserve, "largest layer"),
     "05.2": (lambda device_map, sizes: sum(sizes[n] for n, d in device_map.items() if d == "disk"),
              "CPU memory"),
+    "05.3": (lambda device_map, sizes: sum(sizes[n] for n, d in device_map.items() if d == 0),
+             "beside"),
     "06.1": (lambda params, n: 4 * params + 12 * params // n, "ZeRO-1"),
-    "06.2": (0, "would need"),
+    "06.2": (lambda stage, s, n: 2 * (n - 1) / n * s, "gathered the weights once"),
     "06.3": (_whole_sum, "whole sum"),
-    "07.1": (lambda fc1, fc2, rank, p: (fc1[:, rank * 2:(rank + 1) * 2], fc2), "shape"),
+    "07.1": (lambda t, h, f, p, plan: t * h if p > 1 else 0, "partial sum"),
     "07.2": (_Identity, "partial output"),
     "07.3": (lambda t, h, p, layers: layers * 2 * (p - 1) / p * t * h * 4, "backward"),
     "08.1": (NODE0, "second machine"),
     "08.2": (lambda env: (f"cuda:{env['RANK']}", f"fc1_{env['RANK']}.bin",
                           f"fc2_{env['RANK']}.bin"), "LOCAL_RANK"),
-    "09.1": (_split(**{"attn.o_proj.weight": "rows"}), "row-parallel"),
+    "08.3": (lambda t, h, f, p, rate, bandwidth, latency: float(p), "all-reduce"),
+    "09.1": ({"attn_norm.weight", "mlp_norm.weight"}, "attention half"),
     "09.2": (lambda t, h, tp, e: t * (6 * h * e + 8) * (tp - 1) / tp, "Korthikanti"),
     "09.3": (_loss_without(shift=False), "maximum"),
-    "10.1": (lambda pp, dp, tp: {"pp": [list(range(k, pp * dp * tp, dp * tp)) for k in range(dp * tp)],
+    "11.1": (lambda pp, dp, tp: {"pp": [list(range(k, pp * dp * tp, dp * tp)) for k in range(dp * tp)],
                                  "dp": [[p * dp * tp + d * tp + t for d in range(dp)]
                                         for p in range(pp) for t in range(tp)],
                                  "tp": [[t * pp * dp + q for t in range(tp)]
                                         for q in range(pp * dp)]}, "row-major"),
-    "10.2": ((8, 1), "fewer model-parallel GPUs"),
+    "11.2": (("activations", "pp"), "first stage"),
+    "10.1": (lambda out_a, lse_a, out_b, lse_b: (out_a + out_b) / 2, "share"),
+    "10.2": ((44 * 2 * 2**20, 44 * 2 * 2**20), "Ulysses"),
+    "10.3": (lambda cp: [r + 1 for r in range(cp)], "chunks r and 2cp-1-r"),
+    "11.3": (("dp", 43), "calls most often"),
 }
-PLACEHOLDERS = {"07.2": _Unsolved, "03.2": ..., "06.2": ..., "08.1": ...,
-                "09.1": dict.fromkeys(_split(), ...), "10.2": ...}
+PLACEHOLDERS = {"01.1": ..., "07.2": _Unsolved, "03.2": ..., "08.1": ...,
+                "09.1": ..., "10.2": ..., "11.2": ..., "11.3": ...}
 # Lessons with fewer than two exercises, and why (none at present).
 ONE_EXERCISE: set[str] = set()
 
@@ -220,7 +232,7 @@ def test_an_answer_that_raises_is_reported_with_the_call():
 
 
 def test_a_value_where_a_function_belongs_is_reported():
-    assert "Expected a function" in check("01.1", 42).message
+    assert "Expected a function" in check("01.2", 42).message
 
 
 def test_bad_shapes_of_answers_are_reported():
@@ -320,7 +332,7 @@ def test_every_lesson_ends_with_unsolved_exercises_and_further_reading(notebook)
     assert markdown.index(reading[0]) > max(i for i, m in enumerate(markdown) if "## Exercises" in m)
 
 
-# Lesson 06: ZeRO's bytes, the smallest stage for Llama-7B, a reduce-scatter built by hand.
+# Lesson 06: ZeRO's bytes held and sent, a reduce-scatter built by hand.
 
 def _chunk_of_all_reduce(full, group, world_size, pick):
     out = full.clone()
@@ -393,21 +405,26 @@ def test_the_small_model_count_is_the_built_models():
     assert small_lm_params() == sum(t.numel() for t in tiny_lm().parameters())
 
 
-def test_the_stage_for_llama_7b_comes_from_the_estimator():
+@pytest.mark.parametrize("wrong, words", [
+    (lambda k, s, n: {0: 2, 1: 2, 2: 2, 3: 4}[k] * (n - 1) / n * s, "as gloo runs it"),
+    (lambda k, s, n: {0: 2, 1: 1, 2: 1, 3: 3}[k] * (n - 1) / n * s, "only its own slice"),
+    (lambda k, s, n: {0: 2, 1: 3, 2: 3, 3: 3}[k] * (n - 1) / n * s, "once, no more"),
+    (lambda k, s, n: {0: 1, 1: 2, 2: 2, 3: 3}[k] * (n - 1) / n * s, "two ring passes"),
+    (lambda k, s, n: {0: 2, 1: 2, 2: 2, 3: 3}[k] * s, "never sends the chunk"),
+    (lambda k, s, n: {0: 2, 1: 2, 2: 2, 3: 3}[k] * s / 2, "list the collectives"),
+])
+def test_zero_ring_bytes_mistakes_get_their_hints(wrong, words):
+    feedback = check("06.2", wrong)
+    assert feedback.status == "wrong" and words in f"{feedback.message} {feedback.hint}", feedback
+
+
+def test_zero_ring_bytes_follow_the_plans_the_launch_is_checked_against():
     from helpers.exercises import data_parallel as dp
 
-    totals = [dp.zero_stage_total(k) for k in dp.STAGES]
-    assert totals == sorted(totals, reverse=True)  # each stage shards more
-    want = next(k for k, t in zip(dp.STAGES, totals, strict=True) if t <= dp.CARD)
-    assert load_solution("06.2") == want == dp.smallest_fitting_stage()
-    for stage in dp.STAGES:
-        feedback = check("06.2", stage)
-        assert feedback.solved == (stage == want), feedback
-        text = f"{feedback.message} {feedback.hint}"
-        assert ("ZeRO-0 (DDP): " in text and "ZeRO-3: " in text) == feedback.solved
-        assert ("would need" in text) == (stage < want)
-    for value in (4, 2.0, True, "3"):
-        assert "expected a stage" in check("06.2", value).message
+    s, n = 4 * dp.small_lm_params(), 4
+    ratios = [dp.step_ring_bytes(k, s, n) / dp.step_ring_bytes(0, s, n) for k in dp.STAGES]
+    assert ratios == [1, 1, 1, 1.5] and dp.step_ring_bytes(3, s, 1) == 0
+    assert "ZeRO-3 1.5" in check("06.2", load_solution("06.2")).message
 
 
 @pytest.mark.parametrize("wrong, words", [
@@ -443,38 +460,32 @@ def test_the_reduce_scatter_check_is_quick_and_leaves_torch_as_it_was():
     assert dict(_world.pg_group_ranks) == groups
 
 
-# Lesson 09: how each weight is dealt, what sequence parallelism saves, the vocab-parallel loss.
+# Lesson 09: why each block needs f, what sequence parallelism saves, the vocab-parallel loss.
+
+NINE = ("attn_norm.weight", "attn.q_proj.weight", "attn.k_proj.weight", "attn.v_proj.weight",
+        "attn.o_proj.weight", "mlp_norm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+        "mlp.down_proj.weight")
+
 
 @pytest.mark.parametrize("wrong, words", [
-    (_split(**{"mlp.down_proj.weight": "rows"}), "input* columns"),
-    (_split(**{"attn.k_proj.weight": "columns"}), "column-parallel"),
-    (_split(**{"mlp_norm.weight": "columns"}), "whole hidden vector"),
-    (_split(**{"embed.weight": "replicated"}), "slice of the vocabulary"),
-    (_split(**{"head.weight": "columns"}), "split by vocabulary"),
-    (_split(**{"norm.weight": "whole"}), "valid: 'rows', 'columns', 'replicated'"),
-    (_split(**{"blocks.0.attn.q_proj.weight": "rows"}), "without 'blocks.0.'"),
-    (_split(**{"lm_head.weight": "rows"}), "valid names: embed.weight"),
-    ({k: v for k, v in _split().items() if k != "norm.weight"}, "lacks 'norm.weight'"),
-    ({**dict.fromkeys(_split(), ...), "attn.o_proj.weight": "rows"}, "1 of 12 wrong"),
-    (["rows"], "Expected a dict"),
+    (set(NINE), "g, whose backward is the identity"),
+    ({"mlp.up_proj.weight"}, "g, whose backward is the identity"),
+    (set(), "mlp_norm's"),
+    ({"attn_norm.weight", "mlp_norm.weight", "attn.q_proj.weight"}, "attention half"),
+    ({"attn.o_proj"}, "not a weight of the block"),
+    ("attn_norm.weight", "Expected a set"),
 ])
-def test_split_mistakes_get_their_hints(wrong, words):
+def test_f_mistakes_get_their_hints(wrong, words):
     feedback = check("09.1", wrong)
     assert feedback.status == "wrong" and words in f"{feedback.message} {feedback.hint}", feedback
 
 
-def test_the_split_is_model_cuts_on_every_rank_and_a_partial_answer_is_unsolved():
-    from helpers.exercises.transformer_tp import SPLIT_CONFIG, split_answer
-    from helpers.models.llama import build_lm
-    from helpers.tensor_parallel.llama import model_cuts
+def test_the_f_answer_is_what_a_run_without_f_gets_wrong():
+    from helpers.exercises.transformer_tp import BLOCK_WEIGHTS, wrong_without_f_answer
 
-    model, want = build_lm(SPLIT_CONFIG), split_answer()
-    for tp in (2, 4):
-        for rank in range(tp):
-            got = {n.removeprefix("blocks.0."): c.how for n, c in model_cuts(model, rank, tp).items()}
-            assert got == want
-    assert len(want) == 12 and set(want.values()) == {"rows", "columns", "replicated"}
-    assert check("09.1", {**dict.fromkeys(want, ...), "embed.weight": "rows"}).status == "unsolved"
+    assert BLOCK_WEIGHTS == NINE
+    assert wrong_without_f_answer() == set(NINE[:6])  # the norms and attention; the MLP right
+    assert check("09.1", list(NINE[:6])).solved
     assert check("09.1", ...).status == "unsolved"
 
 
@@ -585,35 +596,33 @@ def test_the_vocab_loss_check_uses_large_logits_and_leaves_torch_as_it_was():
     assert dict(_world.pg_group_ranks) == groups
 
 
-# Lesson 10: the layout that fits Llama-70B on 64 GPUs without recomputation.
+# Lesson 11: what fills the card and which cut divides it; why tp is innermost.
 
-def test_the_layout_answer_is_the_searchs_and_every_other_pair_is_told_why():
-    from helpers.exercises import layout_fits
+def test_the_cut_answer_is_the_estimators_and_every_other_pair_is_told_why():
+    from helpers.exercises.layout_fits import CUTS, KINDS
 
-    want = layout_fits.search().chosen
-    assert check("10.2", (want.tp, want.pp)).solved
-    assert load_solution("10.2") == (want.tp, want.pp)
-    words = {"does not fit", "fewer model-parallel GPUs"}
-    for tp, pp in [(1, 1), (1, 2), (2, 2), (4, 1), (8, 1), (8, 8)]:
-        feedback = check("10.2", (tp, pp))
-        assert feedback.status == "wrong" and any(w in feedback.message for w in words), feedback
-        assert "parallelism" in feedback.hint  # the principle, not the tool
-
-
-def test_the_layout_check_prefers_tensor_parallelism_at_equal_degree(monkeypatch):
-    from helpers.exercises import layout_fits
-
-    monkeypatch.setattr(layout_fits, "CARD", int(130.8 * 2**30))  # PP 2 fits, FSDP 64 not
-    assert check("10.2", (2, 1)).solved
-    assert "TP inside a node first" in check("10.2", (1, 2)).message
+    assert load_solution("11.2") == ("activations", "tp")
+    for kind in KINDS:
+        for cut in CUTS:
+            feedback = check("11.2", (kind, cut))
+            assert feedback.solved == ((kind, cut) == ("activations", "tp")), feedback
+            if not feedback.solved:  # each wrong kind, each wrong cut: why, in words
+                assert ("ZeRO" in feedback.hint if kind != "activations"
+                        else "micro-batch" in feedback.hint), feedback
 
 
 @pytest.mark.parametrize("value, words", [
-    ((3, 1), "tp = 3; valid: [1, 2, 4, 8]"),
-    ((2, 3), "pp = 3 with tp = 2; valid: [1, 2, 4, 8, 16, 32]"),
-    ((2, 1.0), "expected a pair of whole numbers"),
-    ([2, 1], "expected a pair of whole numbers"),
-    ((True, 1), "expected a pair of whole numbers"),
+    (("activation", "tp"), "valid: 'weights'"),
+    (("activations", "cp"), "valid: 'dp', 'tp', 'pp'"),
+    (["activations", "tp"], "expected a pair of strings"),
 ])
-def test_bad_shapes_of_layout_answers_are_reported(value, words):
-    assert words in check("10.2", value).message
+def test_bad_shapes_of_cut_answers_are_reported(value, words):
+    assert words in check("11.2", value).message
+
+
+def test_the_innermost_answer_follows_the_counted_calls_not_the_bytes():
+    assert check("11.3", ("tp", 9)).solved and not check("11.3", ("tp", 9.5)).solved
+    assert "dp sends the most bytes" in check("11.3", ("dp", 43)).message
+    fewer = {"tp": 2.0, "dp": 6.0, "pp": 3.0}  # were tp to call least, it would not win
+    assert check("11.3", ("dp", 5), fewer, MESH_SENT).solved
+    assert "expected a pair" in check("11.3", ("cp", 1)).message

@@ -1,4 +1,4 @@
-"""The small Llama composed over a (pp, dp, tp) mesh (lesson 10): refusals, the taught loop
+"""The small Llama composed over a (pp, dp, tp) mesh (lesson 11): refusals, the taught loop
 without a harness, and launches proving a 3-D layout, a checkpoint that reshards and a
 killed rank against one process.
 
@@ -98,6 +98,36 @@ def test_the_case_for_tp_innermost_fails_when_tp_sends_more_or_calls_less():
     for planted in (tp_heavier, fewer_calls):
         runs = [SimpleNamespace(ranks=[planted]), SimpleNamespace(ranks=[full])]
         assert not SuiteResult.mesh_order(SimpleNamespace(runs=runs)).ok
+
+
+def test_each_claim_is_one_verdict_that_a_planted_error_fails():
+    """``claims`` gathers the results' proofs: all pass on a right run, and a loss off by
+    a picometre, a byte held, a byte sent or a wire below gloo's payload each fail theirs."""
+    from helpers.memory.ledger import DeviceMemory
+    from helpers.runs.llama_3d import claims
+    from helpers.runs.llama_3d.results import LayoutRun, RankRecord, Traffic
+
+    memory = DeviceMemory(weights=8, grads=8, optimizer_state=20, activations=1000)
+    traffic = Traffic({"dp": 1}, {"dp": 10.0}, {"dp": 20.0}, {"all_gather": 1}, 20.0 + 288)
+    rank = RankRecord(0, {"pp": 0, "dp": 0, "tp": 0}, memory, memory, 0, traffic,
+                      {"dp": 10.0}, {"dp": 20.0}, {}, [0.1])
+    run = LayoutRun(1, 2, 1, "float64", 0.01, [4.0, 3.0], [4.0, 3.0], 0.0, 1.0, 39, 39, "x",
+                    ranks=[rank])
+    for verdict in (claims.trains([run]), claims.holds([run]), claims.activations([run]),
+                    claims.sends([run]), claims.on_the_wire([run])):
+        assert verdict.ok and verdict.line().startswith("✓"), verdict.table()
+    off = replace(run, losses=[4.0, 3.0 + 1e-12])
+    assert claims.trains([run, off]).line().startswith("✗ 2 layouts on 1 to 2 ranks")
+    assert claims.against("halved", run, off.losses, 0.0).failed[0].what == "loss, step 1"
+    assert not claims.against("moved", run, run.losses, 1.0).ok  # the weights' bound
+    planted = {
+        claims.holds: replace(rank, predicted=replace(memory, grads=16)),
+        claims.activations: replace(rank, predicted=replace(memory, activations=1011)),
+        claims.sends: replace(rank, predicted_gloo={"dp": 20.0, "tp": 4.0}),
+        claims.on_the_wire: replace(rank, traffic=replace(traffic, wire=19.0)),
+    }
+    for claim, bad in planted.items():
+        assert not claim([replace(run, ranks=[bad])]).ok, claim.__name__
 
 
 def test_the_taught_loop_trains_without_a_harness_and_calls_its_hooks_in_order(tmp_path):

@@ -23,6 +23,13 @@ from helpers.models.llama import LMConfig
 from helpers.runs import contract
 from helpers.runs.contract import launch
 from helpers.runs.tp_llama.config import LlamaTPConfig
+from helpers.runs.tp_llama.report import (
+    kept_verdict,
+    native_kept_verdict,
+    native_verdict,
+    plan_verdict,
+    step_verdict,
+)
 from helpers.runs.tp_llama.results import (
     RELATIVE_TOLERANCE,
     LlamaTPResult,
@@ -259,7 +266,13 @@ def test_the_worker_on_torchrun_proves_every_quantity_and_prints_one_json_line()
         assert all(w.sent == w.payload + w.headers for w in m.wire)
         assert m.native_kept and all(m.native_kept[b] == m.kept[b] for b in m.kept
                                      if b.startswith("block"))  # PyTorch's SP keeps the same
-    assert result.sharpness.ok
+    assert result.sharpness.ok and result.verdict().ok and result.same_with_sequence_parallel()
+    for verdict in (native_verdict, kept_verdict, native_kept_verdict, plan_verdict, step_verdict):
+        assert verdict([result]).ok, verdict.__name__
+    kept = result.modes[0].kept
+    off = replace(result, modes=[replace(result.modes[0], kept={**kept, "block 0": kept["block 0"]
+                                                                 + 4}), *result.modes[1:]])
+    assert not kept_verdict([off]).ok and not native_kept_verdict([off]).ok
     assert set(result.timing) == {"False", "True", "one process"}
     assert all(m.native and m.placements for m in result.modes)
     assert LlamaTPResult.from_dict(result.to_dict()) == result

@@ -162,3 +162,20 @@ def test_thread_ranks_put_gloos_payload_and_headers_on_the_wire(collective):
     assert run_ranks(2, work, timeout=30) == [None, None]
     expected = predict([(collective, size)], 2, 0)
     assert meter.sent == 2 * (expected[0] + expected[1])
+
+
+def test_break_it_runs_the_workers_proof_and_catches_each_mistake():
+    """Lesson 08's "Break it": two thread ranks on the real shard files, the worker's check."""
+    from helpers.runs.tp_ffn.break_it import broken_run
+
+    write_all_shards(TINY, (2,))
+    right = broken_run(TINY, "none")
+    assert right.ok and right.proofs[0].tolerance < 1e-5
+    for mistake in ("wrong file", "no all-reduce"):
+        verdict = broken_run(TINY, mistake)
+        assert not verdict.ok and verdict.line().startswith("✗ 2 ranks = native")
+        assert verdict.worst.max_diff > 1000 * verdict.worst.tolerance  # far beyond rounding
+    with pytest.raises(ValueError, match="mistake='typo'; valid: 'none', 'wrong file'"):
+        broken_run(TINY, "typo")
+    with pytest.raises(ValueError, match="world_size=1; valid: 2 or more"):
+        broken_run(TINY, "none", world_size=1)

@@ -111,3 +111,24 @@ def test_lesson_08s_charts_fit_the_output_area(chart, tmp_path: Path):
             if chart == "timings" else breakdown_chart(sweep.runs, tmp_path / "b.png", title="b"))
     width, _ = struct.unpack(">II", path.read_bytes()[16:24])
     assert width <= 950
+
+
+def test_the_sweeps_verdicts_read_every_world_sizes_proofs_as_one_line():
+    from dataclasses import replace
+
+    from helpers.runs.tp_ffn.results import MeshRun, SweepRun
+
+    sweep = _sweep()
+    run = SweepRun(sweep.native, sweep.runs)
+    verdict = run.output_verdict()  # tp_simulate, then each p's output and sum
+    assert verdict.ok and len(verdict.proofs) == 1 + 2 * len(run.runs)
+    assert [p.what for p in verdict.proofs[1:3]] == ["p=1 output", "p=1 sum"]
+    off = SweepRun(sweep.native, {**sweep.runs, 2: replace(sweep.runs[2], checksum=6.0)})
+    assert not off.output_verdict().ok and off.output_verdict().failed[0].what == "p=2 sum"
+    with pytest.raises(ValueError, match="took no training step"):
+        run.step_verdict()
+    with pytest.raises(ValueError, match="timed no wide FFN"):
+        run.wide_verdict()
+    mesh = MeshRun(4, 2, 2, "gloo", ((0, 1), (2, 3)), (Proof("outputs", 1e-3, 1e-6),))
+    assert mesh.verdict().line().startswith("✗ the 2 x 2 mesh's step = one device's")
+    assert all(len(v.line()) <= WIDTH for v in (verdict, mesh.verdict()))

@@ -46,3 +46,17 @@ def fits_lines(rows: list[Fit], gpu_bytes: int) -> str:
                                for c, w in zip(_cells(r.memory), widths, strict=True))
                      + f"  {'yes' if r.fits else 'no'}")
     return "\n".join([f"per GPU; fits: total <= {format_bytes(gpu_bytes)}", *lines])
+
+
+def fits_summary(rows: list[Fit], gpu_bytes: int) -> str:
+    """Per model: the data-parallel row's total, how many layouts fit, and the first that
+    does (in the table's order), in one line each."""
+    lines = [f"per GPU of {format_bytes(gpu_bytes)}, by the estimator:"]
+    for model in dict.fromkeys(r.model for r in rows):
+        mine = [r for r in rows if r.model == model]
+        fit = [r for r in mine if r.fits]
+        first = (f"first: {fit[0].layout} ({format_bytes(fit[0].memory.total)})" if fit
+                 else "none")
+        lines.append(f"  {model:<10} {mine[0].layout}: {format_bytes(mine[0].memory.total)}; "
+                     f"{len(fit)} of {len(mine)} fit; {first}")
+    return "\n".join(lines)

@@ -57,6 +57,22 @@ def sweep_table(result: DataParallelResult) -> str:
     return "\n".join(lines)
 
 
+def sweep_summary(result: DataParallelResult) -> str:
+    """At the largest size, what one call sent (rank 0) over the ring formula's bytes, per
+    collective, and the verdict on every swept call's wire, in three lines."""
+    largest = max(row.nbytes for row in result.sweep)
+    rows = [row for row in result.sweep if row.nbytes == largest]
+    how = "on the wire" if result.wire_reason is None else "by gloo's algorithms"
+    ratios = ", ".join(f"{row.collective} {_sent(row) / row.ring:.2f}" for row in rows)
+    ok = all(row.wire_ok is not False for row in result.sweep)
+    return (f"one call of S = {largest:,} B, rank 0's bytes {how} / the ring formula's:\n  "
+            f"{ratios}\n{'✓' if ok else '✗'} every call's wire = gloo's payload + [0, its headers]")
+
+
+def _sent(row) -> float:
+    return float(row.wire[0]) if row.wire is not None else row.gloo[0]
+
+
 def fit_lines(result: DataParallelResult) -> str:
     """Per collective, the alpha-beta fit against what rank 0 sent, and its residuals."""
     fits = result.fits()
@@ -118,6 +134,28 @@ def bytes_table(result: DataParallelResult) -> str:
                      f"{wire:>19}{excess:>12}{ratio:>7}")
     if not measured:
         lines.append(f"({key} in the last column; the wire was not read: {result.wire_reason})")
+    return "\n".join(lines)
+
+
+def ratio_lines(result: DataParallelResult, names: tuple[str, ...] = ("ZeRO-1", "ZeRO-2",
+                                                                      "ZeRO-3")) -> str:
+    """Rank 0's bytes in one step over DDP's, for the runs ``names``: by the ring formula,
+    and as this run sent them (the wire; else gloo's algorithms); then the bytes verdict."""
+    ddp, runs = result.runs["DDP"].traffic, [result.runs[n] for n in names]
+    measured = result.wire_reason is None
+
+    def sent(t) -> float:
+        return float(t.wire) if measured else t.total_gloo
+
+    lines = [f"{'one step, x DDP (rank 0)':<30}" + "".join(f"{n:>13}" for n in names)]
+    for label, value in (("by the ring formula (NCCL)", lambda t: t.total_ring / ddp.total_ring),
+                         ("on the wire (gloo)" if measured else "gloo's algorithms",
+                          lambda t: sent(t) / sent(ddp))):
+        lines.append(f"  {label:<28}" + "".join(f"{value(r.traffic):>13.2f}" for r in runs))
+    checks = result.traffic_checks()
+    mark = "✓" if result.traffic_ok else "✗"
+    lines.append(f"{mark} every run's calls and sizes = its plan, wire within gloo + its headers "
+                 f"({len(checks)} runs)")
     return "\n".join(lines)
 
 

@@ -30,7 +30,7 @@ from helpers.comm.collectives import (
     ring_bytes,
 )
 from helpers.comm.headers import gloo_header_bytes
-from helpers.core.checks import Proof
+from helpers.core.checks import Proof, Verdict
 from helpers.core.sizes import format_bytes
 from helpers.memory.estimate import estimate_transformer
 from helpers.memory.ledger import DeviceMemory, Ledger
@@ -241,6 +241,19 @@ class DataParallelResult(Record):
             lines.append(f"{name}:")
             lines += ["  " + p.line(width=15) for p in self.runs[name].proofs]
         return "\n".join(lines)
+
+    def verdict(self, claim: str, *names: str, only: tuple[str, ...] = ()) -> Verdict:
+        """``claim`` with the proofs of the runs ``names`` (each named by its run; ``only``
+        those of these ``what``s), as one line; ``"collectives"`` and ``"no_sync"`` name
+        those checks."""
+        extra = {"collectives": self.collective_checks, "no_sync": self.no_sync_proofs}
+        unknown = [n for n in names if n not in self.runs and n not in extra]
+        if unknown or not names:
+            raise ValueError(f"no run {unknown[0] if unknown else None!r}; valid: "
+                             f"{', '.join([*self.runs, *extra])}")
+        return Verdict(claim, [Proof(f"{n}: {p.what}", p.max_diff, p.tolerance) for n in names
+                               for p in (extra[n] if n in extra else self.runs[n].proofs)
+                               if not only or p.what in only])
 
     def tracker_table(self) -> str:
         """FSDPMemTracker's own peak per category, for each FSDP2 run (bytes on rank 0)."""

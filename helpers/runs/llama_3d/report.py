@@ -1,4 +1,4 @@
-"""Lesson 10's tables and charts, from the typed results (``results``, ``suite``)."""
+"""Lesson 11's tables and charts, from the typed results (``results``, ``suite``)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ vocabulary's softmax in slices), and each reordering costs a few epsilons.
 - ``EPSILONS`` (4) epsilons of a step's loss: how far its loss may be from the one
   process's. Chosen, not derived (a rounding-error bound through the whole model is not
   worked out here), and confirmed: the lesson prints the largest share of it any layout
-  used, and shows that a halved gradient moves the losses by billions of times more.
+  used, and shows that a halved gradient moves the losses by up to billions of times more.
 - The final weights: AdamW moves a weight by ``lr * m / (sqrt(v) + eps_adam)``. Where a
   gradient is near zero that quotient's slope is at most ``1 / eps_adam`` (1e8), so a
   difference ``delta`` in a gradient moves the weight by at most ``lr * delta / eps_adam``
@@ -28,6 +28,7 @@ import torch
 
 from helpers.comm.headers import wire_within
 from helpers.composed.layout import Layout
+from helpers.core.checks import Proof
 from helpers.memory.ledger import KINDS, DeviceMemory
 from helpers.runs.contract import Record
 from helpers.runs.llama_3d.config import SuiteConfig
@@ -136,6 +137,15 @@ class RankRecord(Record):
     def ledger_ok(self) -> bool:
         return self.state_ok and abs(self.activation_error) <= ACTIVATION_TOLERANCE
 
+    def proofs(self) -> list[Proof]:
+        """Its ledger against the prediction: weights, gradients and optimizer state in
+        bytes (exact), then the activations' relative error (``ACTIVATION_TOLERANCE``)."""
+        where = f"rank {self.rank} (stage {self.stage})"
+        return [*(Proof(f"{where} {k}", abs(getattr(self.measured, k)
+                                            - getattr(self.predicted, k)), 0)
+                  for k in KINDS[:3]),
+                Proof(f"{where} activations", abs(self.activation_error), ACTIVATION_TOLERANCE)]
+
 
 @dataclass
 class LayoutRun(Record):
@@ -201,6 +211,14 @@ class LayoutRun(Record):
     @property
     def ok(self) -> bool:
         return self.losses_ok and self.weights_ok and self.loaded_ok is not False
+
+    def proofs(self) -> list[Proof]:
+        """Each step's loss and the final weights against the one-process run, with the
+        tolerances above (``ok`` also needs every parameter compared)."""
+        name = str(self.layout)
+        return [*(Proof(f"{name}: loss, step {k}", d, t) for k, (d, t) in
+                  enumerate(zip(self.loss_diffs, self.loss_tolerances, strict=True))),
+                Proof(f"{name}: final weights", self.weight_diff, self.weight_tolerance)]
 
     def stage_ranks(self) -> list[RankRecord]:
         """One rank per pipeline stage (the others of a stage hold the same sizes)."""

@@ -50,17 +50,20 @@ class PipelineConfig(RunConfig):
                              "(rank 0, 1 thread and one thread per stage)")
     time_image_size: int | None = option(None, "pixels per side of the timed runs' images "
                                          "(none: --image-size)")
+    break_it: bool = option(False, "also prove one GPipe step that sums its micro-batch "
+                            "gradients instead of averaging them: a proof that must fail")
 
     @classmethod
     def for_profile(cls, profile: Profile, **changes: Any) -> PipelineConfig:
         """Lesson 03's launch: GPipe and 1F1B proven at the profile's M (proofs at its proof
-        size), GPipe timed at its image size beside the one-process baselines; two stages
-        cut where their FLOPs balance, unless ``split`` is given."""
+        size) and a broken GPipe step disproven, GPipe timed at its image size beside the
+        one-process baselines; two stages cut where their FLOPs balance, unless ``split``
+        is given."""
         p, m = profile.pipeline, profile.pipeline.microbatches
         values: dict[str, Any] = dict(
             batch=p.batch, image_size=p.proof_image_size, time_image_size=p.image_size,
             runs=(("gpipe", m), ("1f1b", m)), timed=(("gpipe", m),), baselines=True,
-            steps=profile.repeats, warmup=1)
+            steps=profile.repeats, warmup=1, break_it=True)
         values.update(changes)
         if "split" not in values:
             values["split"] = tuple(balanced_cut_names(2, p.image_size))

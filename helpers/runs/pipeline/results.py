@@ -1,12 +1,14 @@
 """What lesson 03's launch returns: every proven run as a ``StageProof``, whose verdict is
 decided here once, against ``PROOF_TOLERANCE``, and every timed run's step times; its
-tables are what the lesson prints. The activation-memory verdict (1F1B against GPipe,
-rank by rank) is decided here too, against ``RATIO_TOLERANCE``."""
+tables are what the lesson prints, its ``Verdict`` lines what the lesson shows in view.
+The activation-memory verdict (1F1B against GPipe, rank by rank) is decided here too,
+against ``RATIO_TOLERANCE``; so is the broken run's (``broken``), which must fail."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from helpers.core.checks import Proof, Verdict
 from helpers.core.sizes import format_bytes
 from helpers.core.timing import Timing
 from helpers.pipeline.schedule import PROOF_TOLERANCE
@@ -70,6 +72,12 @@ class StageProof(Record):
         return max(self.output_diff, self.loss_diff, self.grad_diff,
                    self.weight_diff) <= PROOF_TOLERANCE
 
+    def proofs(self, prefix: str = "") -> list[Proof]:
+        """Outputs, loss, gradients and updated weights, each against ``PROOF_TOLERANCE``."""
+        diffs = {"outputs": self.output_diff, "loss": self.loss_diff,
+                 "gradients": self.grad_diff, "updated weights": self.weight_diff}
+        return [Proof(f"{prefix}{what}", diff, PROOF_TOLERANCE) for what, diff in diffs.items()]
+
 
 @dataclass(frozen=True)
 class TimedRun(Record):
@@ -94,6 +102,7 @@ class PipelineResult(Record):
     runs: list[TimedRun]
     baselines: dict[str, list[float]] = field(default_factory=dict)
     work_s: float = 0.0  # rank 0's wall time in the worker's main: no start-up, no imports
+    broken: StageProof | None = None  # GPipe summing its micro-batch gradients (break_it)
 
     @property
     def single(self) -> Timing | None:
@@ -117,6 +126,18 @@ class PipelineResult(Record):
         return {(r.schedule, r.microbatches): Timing(f"pipelined, {r.schedule}, "
                                                      f"M={r.microbatches}", r.times_s)
                 for r in self.runs}
+
+    def verdict(self) -> Verdict:
+        """Every proven run's step against one process, as one line."""
+        names = " and ".join(dict.fromkeys(p.schedule for p in self.proofs))
+        return Verdict(f"{names} take one process's step",
+                       [q for p in self.proofs for q in p.proofs(f"{p.schedule} M={p.microbatches} ")])
+
+    def broken_verdict(self) -> Verdict:
+        """The broken run's proof (``break_it``): its gradients are M times too large."""
+        if self.broken is None:
+            raise ValueError("no broken run in this result; valid: a launch with break_it")
+        return Verdict(f"{self.broken.schedule} equals one process", self.broken.proofs())
 
     def proof_table(self) -> str:
         lines = [f"backend: {self.backend}; {self.config.stages} processes, "
@@ -163,6 +184,13 @@ class PipelineResult(Record):
 
     def ratios_ok(self, microbatches: int) -> bool:
         return all(r.ok for r in self.activation_ratios(microbatches))
+
+    def ratio_verdict(self, microbatches: int) -> Verdict:
+        """Each rank's 1F1B / GPipe ratio, the batch tensor taken out, against the rule."""
+        return Verdict(f"under 1F1B, stage k holds K-k of GPipe's M={microbatches} "
+                       "micro-batches", [Proof(f"rank {r.rank}", abs(r.without_batch - r.expected),
+                                               RATIO_TOLERANCE * r.expected)
+                                         for r in self.activation_ratios(microbatches)])
 
     def ratio_table(self, microbatches: int) -> str:
         """1F1B / GPipe per rank: measured, without the batch tensor, and the rule."""

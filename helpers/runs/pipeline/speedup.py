@@ -58,9 +58,9 @@ class Speedup:
         if self.above_ideal:
             within = "within" if self.value - self.spread <= self.ideal else "beyond"
             line += (f"\n  above the ideal ({within} one spread): the ideal assumes a "
-                     f"micro-batch of 1/{self.microbatches} of the batch costs 1/"
+                     f"micro-batch of 1/{self.microbatches} of the batch\n  costs 1/"
                      f"{self.microbatches} of its time; smaller micro-batches that run "
-                     "cheaper per sample, or other work slowing the baseline, break that")
+                     "cheaper per sample,\n  or other work slowing the baseline, break that")
         return line
 
 

@@ -5,7 +5,8 @@ Every rank builds the same ResNet50 (same seed), keeps only its stage, and train
 run is compared with the single-process reference: gradients accumulated over the same
 micro-batches, one SGD step, taken once per micro-batch count on every rank, each rank
 comparing its own stage and rank 0 gathering the differences (the step and its proof:
-``helpers.pipeline.runtime``). The timed runs are then timed (on the pipeline the proof
+``helpers.pipeline.runtime``); with ``--break-it`` one GPipe step that forgets to average
+its micro-batch gradients is proven the same way, and fails. The timed runs are then timed (on the pipeline the proof
 built, or on a new one at ``--time-image-size``), and with ``--baselines`` the whole
 model's step is timed in the same processes. Rank 0 returns a ``PipelineResult``.
 """
@@ -81,6 +82,28 @@ def check_run(
     c = proven.comparison
     return StageProof(schedule, m, proven.loss_pipelined, proven.loss_reference, c.output,
                       c.loss, c.grads, c.weights, c.worst_grad, c.worst_weight, peaks), ref
+
+
+def break_it(
+    module: nn.Module, start: dict, rank: Rank, config: PipelineConfig,
+    references: dict[int, StepResult], images: torch.Tensor, labels: torch.Tensor,
+    first_param: int,
+) -> StageProof | None:
+    """One GPipe step that forgets to divide its summed micro-batch gradients by M
+    (``scale_grads`` off), proven like the others against the one-process step: the
+    proof must fail. Rank 0 gets its ``StageProof``, the others None."""
+    m = config.runs[0][1]
+    module.load_state_dict(start)
+    pipe = stage_pipeline(module, rank, "gpipe", m, config.lr)
+    pipe.schedule.scale_grads = False  # the break: M micro-batch gradients summed, not averaged
+    say(rank, f"break it: GPipe M={m} without the division by M")
+    proven, _ = prove_step_locally(pipe, references[m], images, labels, m, config.lr,
+                                   first_param)
+    if proven is None:
+        return None
+    c = proven.comparison
+    return StageProof("GPipe without 1/M", m, proven.loss_pipelined, proven.loss_reference,
+                      c.output, c.loss, c.grads, c.weights, c.worst_grad, c.worst_weight, [])
 
 
 def time_run(
@@ -173,6 +196,9 @@ def main(config: PipelineConfig, rank: Rank) -> PipelineResult | None:
             times = time_run(pipe, *timed_batch, config.steps, warmup, rank,
                              f"{schedule} M={m} at {config.timing_size}x{config.timing_size}")
             runs.append(TimedRun(schedule, m, times))
+    broken = None
+    if config.break_it and config.check:
+        broken = break_it(module, start, rank, config, references, images, labels, first_param)
     module.load_state_dict(start)
     baselines = None
     if config.baselines:
@@ -181,7 +207,7 @@ def main(config: PipelineConfig, rank: Rank) -> PipelineResult | None:
         return None
     say(rank, "done: sending the result")
     return PipelineResult(config, rank.backend, proofs, runs, baselines or {},
-                          work_s=time.monotonic() - began)
+                          work_s=time.monotonic() - began, broken=broken)
 
 
 if __name__ == "__main__":

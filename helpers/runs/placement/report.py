@@ -8,8 +8,10 @@ from pathlib import Path
 
 from torch import nn
 
+from helpers.core.checks import Proof, Verdict
 from helpers.core.sizes import format_bytes
 from helpers.core.timing import Timing, within_spread
+from helpers.memory.ledger import Ledger, compare_ledgers
 from helpers.placement.planner import Device, Plan, device_of
 
 
@@ -194,3 +196,10 @@ def plot_plans(
         fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, 0.1, 1, 1))
     return save_figure(fig, path)
+
+
+def ledger_verdict(measured: Ledger, estimated: Ledger, claim: str) -> Verdict:
+    """One proof per row and kind of memory: |estimated - measured| bytes, allowed 0, since
+    the estimate claims an exact count."""
+    return Verdict(claim, [Proof(f"{r['row']} {r['kind']}", abs(r["estimated"] - r["measured"]), 0)
+                           for r in compare_ledgers(measured, estimated)])

@@ -1,21 +1,23 @@
 """Timelines of pipeline schedules: the measured one, and the same order at ideal costs.
 
-``ideal_timeline`` replays each rank's recorded order of actions with unit costs per
-chunk (forward 1, full backward 2, input-gradient 1, weight-gradient 1, divided by the
-chunks per rank) and free communication, honouring the pipeline's dependencies: the tick
-diagram of the schedule, drawn under what really happened.
+``ideal_timeline`` (``helpers.pipeline.diagrams``) replays each rank's recorded order of
+actions with unit costs per chunk (forward 1, full backward 2, input-gradient 1,
+weight-gradient 1, divided by the chunks per rank) and free communication, honouring the
+pipeline's dependencies: the tick diagram of the schedule, drawn under what really happened.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
 import matplotlib.pyplot as plt
 
 from helpers.core.plotting import save_figure
+from helpers.pipeline.diagrams import ideal_timeline  # noqa: F401 (its callers import it here)
 from helpers.pipeline.events import COMPUTE
+from helpers.runs.schedules.transfers import HEADERS_PER_RECEIVE, HEADERS_PER_SEND, RankTransfers
 
 
 class Recorded(Protocol):
@@ -30,55 +32,63 @@ class Recorded(Protocol):
     def ideal(self) -> list[dict]: ...
 
 
+class Transferred(Protocol):
+    """What the transfers table reads of one schedule's run (``results.ScheduleRun``)."""
+
+    transfers: list[RankTransfers]
+    wire_reason: str | None
+
+
+def transfers_table(runs: Mapping[str, Transferred], ok: bool) -> str:
+    """Per schedule and rank: sends, receives, the tensors' bytes, the wire's, and whether
+    the difference is gloo's headers exactly (✓) or what they allow; ``ok``: the verdict."""
+    headers = f"= {HEADERS_PER_SEND}·s + {HEADERS_PER_RECEIVE}·r"
+    lines = [f"{'schedule':<17}{'rank':>5}{'sends s':>9}{'recvs r':>9}{'tensors (B)':>12}"
+             f"{'on the wire (B)':>17}{'wire - tensors':>15}  {headers}"]
+    for name, run in runs.items():
+        for r, t in enumerate(run.transfers):
+            wire, extra, same = "-", "-", ""
+            if t.wire_sent is not None:
+                wire, extra = f"{t.wire_sent:,}", f"{t.wire_sent - t.sent_bytes:,}"
+                same = "✓" if t.wire_sent - t.sent_bytes == t.headers else f"≠ {t.headers:,}"
+            lines.append(f"{name:<17}{r:>5}{t.sends:>9}{t.receives:>9}{t.sent_bytes:>12,}"
+                         f"{wire:>17}{extra:>15}  {same}")
+    reasons = {run.wire_reason for run in runs.values()} - {None}
+    lines += [f"wire not read: {reason}" for reason in sorted(reasons)]
+    lines.append(f"every rank: sends, receives, tensor bytes as planned; wire within "
+                 f"[tensors, tensors + headers]  {'OK' if ok else 'FAILED'}")
+    return "\n".join(lines)
+
+
+class Split(Protocol):
+    """What the cost split reads of one schedule's run (``results.ScheduleRun``)."""
+
+    ranks: int
+    bubble_theory: float
+    free_communication_idle_fraction: float
+    idle_fraction: list[float]
+
+    def seconds(self, kind: str) -> list[float]: ...
+
+
+def cost_split_report(name: str, run: Split) -> str:
+    """Where a zero-bubble schedule's idle time comes from: its measured I/F and W/F per
+    rank, then its idle share three ways (the formula with I = W = F, the same order
+    replayed with the measured costs and free sends, and measured)."""
+    f, i, w = run.seconds("F"), run.seconds("I"), run.seconds("W")
+    lines = [f"{name}, rank {r}: I/F = {i[r] / f[r]:.2f}, W/F = {w[r] / f[r]:.2f} "
+             "(the formula assumes 1 and 1)" for r in range(run.ranks)]
+    lines += [f"idle share: {run.bubble_theory:.1%} with I = W = F (formula and replay)",
+              f"            {run.free_communication_idle_fraction:.1%} replaying the same "
+              "order with this run's measured costs, sending free",
+              "            " + " ".join(f"{x:.0%}" for x in run.idle_fraction)
+              + " measured, per rank"]
+    return "\n".join(lines)
+
+
 COLOURS = {"F": "#4c72b0", "B": "#dd8452", "I": "#e8a87c", "W": "#55a868", "wait": "#bbbbbb"}
 NAMES = {"F": "forward", "B": "backward", "I": "backward, input gradient",
          "W": "backward, weight gradient", "wait": "waiting for a send or receive to complete"}
-COST = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
-
-
-def _ready(kind: str, stage: int, mb: int, done: dict, last_stage: int) -> float | None:
-    """When the action's input exists (None: not yet)."""
-    if kind == "F":
-        return 0.0 if stage == 0 else done.get(("F", stage - 1, mb))
-    if kind in ("B", "I"):
-        if stage == last_stage:
-            return done.get(("F", stage, mb))
-        return done.get(("B", stage + 1, mb), done.get(("I", stage + 1, mb)))
-    return done.get(("I", stage, mb))  # W after its own I
-
-
-def ideal_timeline(actions: Sequence[dict], ranks: int, chunks_per_rank: int, *,
-                   measured_costs: bool = False) -> list[dict]:
-    """The recorded order of each rank, replayed with free communication.
-
-    Costs are unit costs (ticks), or with ``measured_costs`` each action's own measured
-    duration (ms): what this order would take if sending and receiving cost nothing.
-    Returns the actions with float ``start``/``end``.
-    """
-    order = {r: sorted((a for a in actions if a["rank"] == r and a["kind"] in COMPUTE),
-                       key=lambda a: a["start_ns"]) for r in range(ranks)}
-    last_stage = max(a["stage"] for a in actions if a["kind"] in COMPUTE)
-    free, position, done, out = [0.0] * ranks, [0] * ranks, {}, []
-    while any(position[r] < len(order[r]) for r in range(ranks)):
-        progressed = False
-        for r in range(ranks):
-            while position[r] < len(order[r]):
-                a = order[r][position[r]]
-                ready = _ready(a["kind"], a["stage"], a["microbatch"], done, last_stage)
-                if ready is None:
-                    break
-                start = max(free[r], ready)
-                cost = ((a["end_ns"] - a["start_ns"]) / 1e6 if measured_costs
-                        else COST[a["kind"]] / chunks_per_rank)
-                end = start + cost
-                done[(a["kind"], a["stage"], a["microbatch"])] = end
-                out.append({**a, "start": start, "end": end})
-                free[r], position[r], progressed = end, position[r] + 1, True
-        if not progressed:
-            raise ValueError("the recorded actions have a dependency cycle; cannot replay them")
-    return out
-
-
 def _draw(ax: plt.Axes, rows: Sequence[dict], ranks: int, scale: float, offset: float) -> None:
     for a in rows:
         start, end = (a["start"] - offset) * scale, (a["end"] - offset) * scale
@@ -96,8 +106,10 @@ def _draw(ax: plt.Axes, rows: Sequence[dict], ranks: int, scale: float, offset: 
     ax.set_axisbelow(True)
 
 
-def timeline_chart(runs: dict[str, Recorded], ranks: int, path: str | Path) -> Path:
-    """Per schedule: the measured timeline (ms) above its ideal tick diagram (unit costs).
+def timeline_chart(runs: dict[str, Recorded], ranks: int, path: str | Path, *,
+                   title: str = "") -> Path:
+    """Per schedule: the measured timeline (ms) above its ideal tick diagram (unit costs);
+    ``title``: what this run's figure shows (default: how to read it).
 
     7.5 inches wide (900 pixels as saved): JupyterLab shows it at its own size.
     """
@@ -115,9 +127,9 @@ def timeline_chart(runs: dict[str, Recorded], ranks: int, path: str | Path) -> P
     handles = [plt.Rectangle((0, 0), 1, 1, color=COLOURS[k]) for k in COLOURS]
     fig.legend(handles, [NAMES[k] for k in COLOURS], loc="lower center", ncol=2, fontsize=8,
                frameon=False)
-    fig.suptitle("The same order of work, measured (ms) and at ideal costs (ticks): where they\n"
-                 "differ, a rank waited (grey) or an action cost more or less than its ticks",
-                 fontsize=10)
+    default = ("The same order of work, measured (ms) and at ideal costs (ticks): where they\n"
+               "differ, a rank waited (grey) or an action cost more or less than its ticks")
+    fig.suptitle(title or default, fontsize=10)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     return save_figure(fig, path)
 

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from helpers.core.checks import Proof
+from helpers.core.checks import Proof, Verdict
 from helpers.core.timing import Timing
 from helpers.memory.ledger import Ledger
 from helpers.profiles import FFNSizes
 from helpers.runs.contract import Record
 from helpers.runs.tp_ffn.wire import WireCheck, wire_line
 from helpers.tensor_parallel.dtensor import DTensorRun
-from helpers.tensor_parallel.proofs import checksums_match
+from helpers.tensor_parallel.proofs import checksum_tolerance, checksums_match
 
 
 @dataclass(frozen=True)
@@ -144,6 +144,33 @@ class SweepRun(Record):
         return self.native.simulate.ok and all(r.agrees(self.native) and r.wire_ok
                                                for r in self.runs.values())
 
+    def output_verdict(self) -> Verdict:
+        """One line for every world size's output against native: element by element, the
+        sum, and the one-process ``tp_simulate``."""
+        native, proofs = self.native, [self.native.simulate]
+        for p, run in self.runs.items():
+            proofs.append(Proof(f"p={p} {run.output.what}", run.output.max_diff,
+                                run.output.tolerance))
+            proofs.append(Proof(f"p={p} sum", abs(run.checksum - native.checksum),
+                                checksum_tolerance(native.abs_sum, native.dtype)))
+        return Verdict("every world size computes the native output", proofs)
+
+    def step_verdict(self) -> Verdict:
+        """One line for the training step of every world size (each must have taken it)."""
+        if any(r.train_step is None for r in self.runs.values()):
+            raise ValueError("a run took no training step; launch it with train_step=True")
+        return Verdict("one SGD step through f and g = one process's step",
+                       [Proof(f"p={p} {q.what}", q.max_diff, q.tolerance)
+                        for p, r in self.runs.items() for q in r.train_step.proofs])
+
+    def wide_verdict(self) -> Verdict:
+        """One line for the wide FFN's output at every world size (each must have run it)."""
+        if any(r.wide is None for r in self.runs.values()):
+            raise ValueError("a run timed no wide FFN; launch it with wide=...")
+        return Verdict("the wide FFN's output = the whole FFN's at every p",
+                       [Proof(f"p={p} output", r.wide.output.max_diff, r.wide.output.tolerance)
+                        for p, r in self.runs.items()])
+
 
 @dataclass(frozen=True)
 class MeshRun(Record):
@@ -160,6 +187,11 @@ class MeshRun(Record):
     @property
     def ok(self) -> bool:
         return all(p.ok for p in self.proofs)
+
+    def verdict(self) -> Verdict:
+        """One line for the step on the mesh against one device."""
+        return Verdict(f"the {self.dp} x {self.tp} mesh's step = one device's",
+                       self.proofs)
 
     def report(self) -> str:
         head = (

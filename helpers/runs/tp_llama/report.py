@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from helpers.core.checks import Proof, Verdict
 from helpers.core.plotting import save_figure
 from helpers.core.sizes import format_bytes
 from helpers.runs.tp_ffn.wire import wire_line
@@ -170,3 +171,76 @@ def kept_chart(results: Sequence[LlamaTPResult], path: Path, title: str) -> Path
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
     return save_figure(fig, path)
+
+
+def step_verdict(results: Sequence[LlamaTPResult]) -> Verdict:
+    """Every launch's modes against one process: one claim, the rigor in ``table()``."""
+    sizes = " and ".join(str(r.world_size) for r in results)
+    claim = f"tp={sizes}: TP and TP + SP steps = one process's"
+    return Verdict(claim, [p for r in results for p in r.verdict().proofs])
+
+
+def native_verdict(results: Sequence[LlamaTPResult]) -> Verdict:
+    """PyTorch's split against the hand split, in every launch that ran it."""
+    found = [v for r in results if (v := r.native_verdict()) is not None]
+    if not found:
+        raise ValueError("no launch ran parallelize_module; valid: a launch with native=True")
+    return Verdict(found[0].claim, [p for v in found for p in v.proofs])
+
+
+def _exact(what: str, got: float, want: float) -> Proof:
+    return Proof(what, abs(float(got) - float(want)), 0.0)
+
+
+def kept_verdict(results: Sequence[LlamaTPResult]) -> Verdict:
+    """Bytes kept for backward, per part and run, against the estimator (exact)."""
+    one = results[0]
+    proofs = [_exact(f"one process {part}", one.one_process_kept[part], want)
+              for part, want in one.predicted_one_process_kept.items()]
+    proofs += [_exact(f"{name} {part}", m.kept[part], want)
+               for name, m in _columns(results) for part, want in m.predicted_kept.items()]
+    return Verdict("bytes kept for backward = the estimator's, per part", proofs)
+
+
+def native_kept_verdict(results: Sequence[LlamaTPResult]) -> Verdict:
+    """PyTorch's blocks keep what the hand split's blocks keep (exact), where it ran."""
+    proofs = [_exact(f"{name} {part}", m.native_kept[part], m.kept[part])
+              for name, m in _columns(results) if m.native_kept
+              for part in m.kept if part.startswith("block")]
+    return Verdict("PyTorch's blocks keep what the hand split's keep", proofs)
+
+
+def plan_verdict(results: Sequence[LlamaTPResult]) -> Verdict:
+    """Per run and collective: the calls issued, and their bytes by either formula, are the
+    plan's (exact)."""
+    proofs = []
+    for name, m in _columns(results):
+        for c in sorted({*m.calls, *m.planned}):
+            proofs += [_exact(f"{name} {c} calls", m.calls.get(c, 0), len(m.planned.get(c, []))),
+                       _exact(f"{name} {c} ring", m.ring.get(c, 0), m.planned_ring.get(c, 0)),
+                       _exact(f"{name} {c} gloo", m.gloo.get(c, 0), m.planned_gloo.get(c, 0))]
+    return Verdict("every collective's calls and bytes = the plan's", proofs)
+
+
+def wire_summary(results: Sequence[LlamaTPResult]) -> str:
+    """One line: what every rank's sockets sent against gloo's payload and headers."""
+    checks = [w for _, m in _columns(results) for w in m.wire]
+    runs = len(_columns(results))
+    if any(w.sent is None for w in checks):
+        return f"on the wire: not measured ({checks[0].reason})"
+    if all(w.sent == w.payload + w.headers for w in checks):
+        return (f"✓ on the wire, every rank of all {runs} runs sent exactly gloo's payload + "
+                "its headers")
+    mark = "✓" if all(w.ok for w in checks) else "✗"
+    return f"{mark} on the wire, every rank of all {runs} runs within gloo's payload + headers"
+
+
+def placement_groups(placements: dict[str, str]) -> dict[str, list[str]]:
+    """Each placement (``S(0)``, ``S(1)``, ``R``), the weights that have it, named without
+    their block and ``.weight``, each once."""
+    groups: dict[str, list[str]] = {}
+    for name, placement in placements.items():
+        short = name.removesuffix(".weight").split(".")[-1]
+        if short not in groups.setdefault(placement, []):
+            groups[placement].append(short)
+    return groups

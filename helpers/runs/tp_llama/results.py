@@ -19,13 +19,13 @@ prediction, payload plus headers (``helpers.runs.tp_ffn.wire.WireCheck``).
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
 from helpers.comm.collectives import gloo_bytes, ring_bytes
-from helpers.core.checks import Proof
+from helpers.core.checks import Proof, Verdict
 from helpers.memory.transformer import TransformerShape
 from helpers.runs.contract import Record
 from helpers.runs.tp_ffn.wire import WireCheck
@@ -255,6 +255,26 @@ class LlamaTPResult(Record):
                 return m
         raise ValueError(f"sequence_parallel={sequence_parallel} was not run; valid: "
                          f"{[m.sequence_parallel for m in self.modes]}")
+
+    def verdict(self) -> Verdict:
+        """Every mode's proofs against one process, as one claim (each named by its mode)."""
+        return Verdict(f"tp={self.world_size}: each rank's step = one process's",
+                       [replace(p, what=f"tp={self.world_size} {m.name} {p.what}")
+                        for m in self.modes for p in m.proofs])
+
+    def native_verdict(self) -> Verdict | None:
+        """``parallelize_module`` against the hand split, every mode that ran it (or None)."""
+        found = [replace(p, what=f"tp={self.world_size} {m.name} {p.what}")
+                 for m in self.modes for p in m.native or []]
+        return Verdict("parallelize_module + loss_parallel = the hand split", found) \
+            if found else None
+
+    def same_with_sequence_parallel(self) -> bool:
+        """Whether TP + SP's proofs read TP's largest differences, number for number (on gloo
+        a reduce-scatter is an all-reduce then a slice: the residual stream is summed as
+        under TP)."""
+        plain, sp = self.mode(False), self.mode(True)
+        return [p.max_diff for p in plain.proofs] == [p.max_diff for p in sp.proofs]
 
     def verdicts(self) -> dict[str, bool]:
         """Each mode's verdict, and the launch's."""
