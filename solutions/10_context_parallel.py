@@ -2,6 +2,7 @@
 
 import torch
 
+
 # %% Exercise 10.1: merge two partial attention results
 def merge_partials(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
                    lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -79,7 +79,8 @@ STEPS = (
         "one attention layer split over the sequence (ring, zig-zag, all-gathered keys and "
         "values, Ulysses) on one GPU per rank (NCCL; cp 2, or 1 with one GPU), each proven "
         "against one process in float64, bytes counted, per-rank times; PyTorch's "
-        "context_parallel() on the same layer (flash attention's ring) beside the hand version",
+        "context_parallel() on the same layer (its default rotation, an all-gather, over the flash "
+        "kernel) beside the hand version",
         40,
         15,
     ),

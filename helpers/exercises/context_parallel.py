@@ -68,10 +68,10 @@ def check_zigzag_pieces(zigzag_pieces) -> str:
         want = [causal_work(r, cp, 2 * cp, "zigzag") for r in range(cp)]
         if list(got) != want:
             first = [len(range(c + 1)) for c in chunks_of(0, cp, "zigzag")]
-            raise Wrong(f"zigzag_pieces({cp}) = {list(got)}; each rank computes a different "
-                        "number of pieces there",
+            raise Wrong(f"zigzag_pieces({cp}) = {list(got)}: not the pieces each rank "
+                        "computes there",
                         f"Rank r holds chunks r and 2cp-1-r; chunk c's queries see chunks 0..c, "
                         f"c + 1 pieces (rank 0 at cp={cp}: {first}).")
     return ("every rank computes 2cp + 1 pieces: chunk r sees r + 1 chunks and chunk 2cp-1-r "
             "sees 2cp - r, and the two always add up to the same. A contiguous split gives "
-            "rank r r + 1 blocks, so the last rank sets everyone's pace.")
+            "rank r a load of r + 1 blocks, so the last rank sets everyone's pace.")

@@ -1,10 +1,11 @@
 """The context-parallel run's typed result, and every verdict, decided here.
 
-Tolerance (chosen): ``(seq + 10 cp)`` float64 epsilons of the quantity's largest value in
-the one-process reference. Each output and gradient element is a sum over at most ``seq``
-keys (or queries), re-weighted once per merged block; each addition or merge rounds by at
-most one epsilon of the running value, so the budget covers every rounding with room; a
-lost or misplaced block moves a value by its own size, some 10^13 budgets beyond.
+Tolerance (chosen): ``(terms + 10 cp)`` float64 epsilons of ``max(1, |largest value|)`` of
+the quantity in the one-process reference, where ``terms`` is the most terms an element
+sums: ``seq`` keys for an output or a query gradient, ``seq x heads / kv_heads`` for a key
+or value gradient under grouped-query attention. Each addition or merge rounds by at most
+one epsilon of the running value, so the budget covers every rounding with room; a lost or
+misplaced block moves a value by its own size, some 10^12 budgets or more beyond.
 
 Bytes: what each rank issued, counted on the rank (``CommMeter`` with its sends), must be
 what :func:`helpers.context_parallel.traffic.layer_traffic` says, forward and backward,
@@ -26,9 +27,10 @@ EPS64 = torch.finfo(torch.float64).eps
 QUANTITIES = ("output", "dq", "dk", "dv")
 
 
-def tolerance(seq: int, cp: int, reference: torch.Tensor) -> float:
-    """The budget for one quantity (see the module's docstring)."""
-    return (seq + 10 * cp) * EPS64 * max(1.0, reference.abs().max().item())
+def tolerance(terms: int, cp: int, reference: torch.Tensor) -> float:
+    """The budget for one quantity whose elements sum at most ``terms`` terms (see the
+    module's docstring)."""
+    return (terms + 10 * cp) * EPS64 * max(1.0, reference.abs().max().item())
 
 
 @dataclass(frozen=True)
