@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 SITE_STAMP := $(VENV)/.site-installed
 
-.PHONY: run test test-fast test-gpu-smoke lab lab-check refresh bench lint clean gpu-check mutants site site-check
+.PHONY: run test test-twins test-fast test-gpu-smoke lab lab-check refresh bench lint clean gpu-check mutants site site-check
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,9 +27,16 @@ run: $(STAMP)
 	$(PY) -m course_tools.run_notebooks
 
 ## test: unit tests, then nbval over notebooks/ (small profile, CPU, as stored); prints the
-## 15 slowest
+## 15 slowest. The twins of a lesson's own launch are left to test-twins: nbval runs the launch
 test: $(STAMP)
-	TUTORIAL_PROFILE=small CUDA_VISIBLE_DEVICES= $(PY) -m pytest -m "not gpu_smoke" --durations=15
+	TUTORIAL_PROFILE=small CUDA_VISIBLE_DEVICES= $(PY) -m pytest -m "not gpu_smoke and not twin" \
+		--durations=15
+
+## test-twins: the unit tests that launch what a lesson's own launch runs (CI runs them after
+## make test)
+test-twins: $(STAMP)
+	TUTORIAL_PROFILE=small CUDA_VISIBLE_DEVICES= $(PY) -m pytest -o addopts= -p no:cacheprovider \
+		-m twin tests
 
 ## test-fast: the contributors' tier, under a minute: unit tests without notebooks, without
 ## torchrun launches and without the slow ones

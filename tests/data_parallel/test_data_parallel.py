@@ -239,6 +239,7 @@ class _OneRank:
         return 1
 
 
+@pytest.mark.twin
 @pytest.mark.torchrun
 def test_every_technique_on_two_processes_equals_one_process_and_its_prediction():
     """The lesson's launch at a tiny size: every proof, every ledger, every byte count.

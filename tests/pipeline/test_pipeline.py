@@ -113,6 +113,7 @@ def test_balanced_resnet_cut_is_the_best_block_boundary():
     )
 
 
+@pytest.mark.twin
 @pytest.mark.torchrun
 def test_two_process_pipeline_equals_one_process():
     """torch.distributed.pipelining with gloo: same loss, gradients and weights; 1F1B keeps

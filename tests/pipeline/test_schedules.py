@@ -139,6 +139,7 @@ def test_a_launch_on_another_number_of_ranks_is_refused(monkeypatch):
         launch(config, nproc=4)
 
 
+@pytest.mark.twin
 @pytest.mark.torchrun
 @pytest.mark.slow
 def test_every_schedule_is_proven_and_timed_on_two_ranks():

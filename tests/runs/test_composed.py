@@ -168,6 +168,7 @@ def test_the_taught_loop_trains_without_a_harness_and_calls_its_hooks_in_order(t
                      "updated 1", "end 1 (2 losses)"]
 
 
+@pytest.mark.twin
 @pytest.mark.torchrun
 @pytest.mark.slow
 def test_the_3d_layout_trains_the_one_process_model_and_its_ranks_match_their_ledgers(
@@ -203,6 +204,7 @@ def test_the_3d_layout_trains_the_one_process_model_and_its_ranks_match_their_le
     assert all(struct.unpack(">I", c.read_bytes()[16:20])[0] <= 950 for c in charts)
 
 
+@pytest.mark.twin
 @pytest.mark.torchrun
 @pytest.mark.slow
 def test_a_checkpoint_saved_under_one_layout_resumes_under_another(tmp_path):
@@ -232,6 +234,7 @@ def test_a_checkpoint_saved_under_one_layout_resumes_under_another(tmp_path):
         check(broken, second)
 
 
+@pytest.mark.twin
 @pytest.mark.torchrun
 @pytest.mark.slow
 def test_a_rank_killed_mid_training_is_restarted_and_ends_with_the_same_weights(tmp_path):

@@ -27,6 +27,7 @@ def test_flags_round_trip():
     assert CPAttentionConfig.from_args(config.args()) == config
 
 
+@pytest.mark.twin
 @pytest.mark.torchrun
 def test_ring_on_torchrun_is_proven_counted_and_unbalanced_zigzag_balanced():
     ring = launch(CPAttentionConfig(causal=True, repeats=1, warmup=0), nproc=2, timeout=180)

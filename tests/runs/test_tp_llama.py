@@ -255,6 +255,7 @@ def test_bad_choices_are_refused_before_any_launch(change, nproc, named, monkeyp
     assert all(part in str(error.value) for part in named), str(error.value)
 
 
+@pytest.mark.twin
 @pytest.mark.torchrun
 def test_the_worker_on_torchrun_proves_every_quantity_and_prints_one_json_line():
     result = launch(replace(CONFIG, both=True, native=True, time_steps=1,

@@ -31,6 +31,7 @@ SMOKE = get_profile("smoke")
 TINY = TPFFNConfig.for_profile(SMOKE, device="cpu", dtype="float32")
 
 
+@pytest.mark.twin
 @pytest.mark.torchrun
 def test_one_sweep_launch_runs_every_world_size_on_its_first_ranks():
     """4 ranks: native on rank 0, then p = 1, 2, 4, each on ranks 0..p-1 (a group of their own):
@@ -107,6 +108,7 @@ def test_the_worker_names_a_bad_sweep_in_one_line(capsys, monkeypatch):
         "helpers.runs.tp_ffn.worker: error: shard_dir='x' is one folder"), err
 
 
+@pytest.mark.twin
 @pytest.mark.torchrun
 def test_two_dimensional_mesh_step_equals_full_model():
     """dp=2 x tp=2: each rank's output rows and updated shards match one device."""
