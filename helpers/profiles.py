@@ -147,7 +147,7 @@ PROFILES: dict[str, Profile] = {
                                               seq=32, batch=2, layer_seq=1024, layer_hidden=64,
                                               layer_heads=4, layer_kv_heads=2),
         composed=ComposedSizes(llama(64, 64, 4, ffn=128, heads=4, kv_heads=2),
-                               seq=16, batch=8, microbatches=2, steps=6),
+                               seq=16, batch=8, microbatches=2, steps=4),
     ),
     "full": Profile(
         "full", warmup=2, repeats=10, toy=ToySizes(),

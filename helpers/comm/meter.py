@@ -27,7 +27,8 @@ It listens at one of two places:
   ``torch.distributed``'s collective functions (our code, ``fully_shard``), the functional
   collectives (``DTensor``, ``loss_parallel``) and the pipeline schedule's batches of
   ``isend``/``irecv`` (``pipelining.schedules._batch_p2p``, waited for in
-  ``_wait_batch_p2p``). A collective is timed to its completion (the wrapper waits for it;
+  ``_wait_batch_p2p``), and any other point-to-point send (``ProcessGroup.send``: a
+  context-parallel ring's), charged as ``"p2p"`` to its group. A collective is timed to its completion (the wrapper waits for it;
   ``synchronize=True`` also waits for the GPU before and after, since NCCL only queues
   it); a pipeline transfer by the time its posting takes plus the time the schedule later
   blocks waiting for it (not the interval between, when computation runs). Time in a
@@ -42,13 +43,20 @@ import functools
 import inspect
 import threading
 import time
-from collections import Counter
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from helpers.comm.calls import (
+    C10D_OPS,
+    DIST,
+    FUNCOL,
+    Tally,
+    call_bytes,
+    dispatched_root,
+    group_root,
+)
 from helpers.comm.collectives import all_to_all_sent, gloo_bytes, ring_bytes
 from helpers.comm.wire import WireMeter
 from helpers.memory.measure import nbytes
@@ -56,56 +64,6 @@ from helpers.memory.measure import nbytes
 OTHER = "other"  # the name of every group the mapping does not name
 P2P = "p2p"  # a pipeline's sends and receives, beside the collectives
 ALL_TO_ALL = "all_to_all"  # each rank sends block j of its input to rank j
-
-# the dispatcher's names for the collectives, and which argument holds the full tensor (S)
-_C10D_OPS = {
-    "allreduce_": ("all_reduce", 0),
-    "_reduce_scatter_base_": ("reduce_scatter", 1),  # (output chunk, full input)
-    "reduce_scatter_tensor_coalesced_": ("reduce_scatter", 1),
-    "_allgather_base_": ("all_gather", 0),  # (full output, input chunk)
-    "allgather_into_tensor_coalesced_": ("all_gather", 0),
-    "broadcast_": ("broadcast", 0),
-}
-# torch.distributed's functions: (the collective, which parameter holds S; None: no data)
-_DIST = {"all_reduce": ("all_reduce", 0), "broadcast": ("broadcast", 0),
-         "all_gather_single": ("all_gather", 0), "all_gather_into_tensor": ("all_gather", 0),
-         "all_gather": ("all_gather", 0), "reduce_scatter_single": ("reduce_scatter", 1),
-         "reduce_scatter_tensor": ("reduce_scatter", 1), "reduce_scatter": ("reduce_scatter", 1),
-         "barrier": ("barrier", None)}
-# the functional collectives DTensor calls: (the collective, the group's argument index);
-# their first argument is this rank's input (the whole tensor, except for an all-gather)
-_FUNCOL = {"all_gather_single": ("all_gather", 2), "reduce_scatter_single": ("reduce_scatter", 3),
-           "all_reduce": ("all_reduce", 2)}
-
-
-def _bytes(value: object) -> int:
-    """Bytes of a tensor, or of a list of tensors (this rank's pieces)."""
-    tensors = value if isinstance(value, (list, tuple)) else [value]
-    return sum(nbytes(t) for t in tensors if isinstance(t, torch.Tensor))
-
-
-def _root(func: object, args: tuple) -> int:
-    """The root (group rank) of a dispatched broadcast; 0 for any other collective."""
-    names = [a.name for a in func._schema.arguments]
-    return int(args[names.index("root_rank")]) if "root_rank" in names else 0
-
-
-def _group_root(group: dist.ProcessGroup, bound: dict) -> int:
-    """The root (group rank) of a ``dist.broadcast`` call, given its bound arguments."""
-    if bound.get("group_src") is not None:
-        return int(bound["group_src"])
-    return dist.get_group_rank(group, bound.get("src") or 0)
-
-
-@dataclass
-class Tally:
-    """Calls, bytes sent (by the ring formula, and by gloo's algorithms) and seconds, per
-    key (a group's name, or a collective)."""
-
-    calls: Counter = field(default_factory=Counter)
-    ring: Counter = field(default_factory=Counter)
-    gloo: Counter = field(default_factory=Counter)
-    seconds: Counter = field(default_factory=Counter)
 
 
 class CommMeter(TorchDispatchMode):
@@ -120,8 +78,9 @@ class CommMeter(TorchDispatchMode):
         self.sends = sends  # untimed: also charge point-to-point sends, as "p2p"
         self.per_group, self.per_collective = Tally(), Tally()
         self.wire = WireMeter()
-        # by the ranks a group spans: two groups over the same ranks (a mesh built twice)
-        # are the same dimension's
+        # a group is named first as itself (two dimensions may span the same ranks: cp,
+        # and dp x cp flattened when dp = 1), then by its ranks (a mesh built twice)
+        self._ids = {g.group_name: name for name, g in self.groups.items()}
         self._names = {frozenset(dist.get_process_group_ranks(g)): name
                        for name, g in self.groups.items()}
         self._saved: list[tuple[object, str, object]] = []
@@ -143,9 +102,11 @@ class CommMeter(TorchDispatchMode):
         return float(sum(self.per_collective.seconds.values()))
 
     def group_name(self, group: dist.ProcessGroup) -> str:
-        """The name ``groups`` gives ``group`` (by its ranks), else ``"other"``."""
+        """The name ``groups`` gives ``group`` (itself, else by its ranks), else ``"other"``."""
         if not self._names:
             return OTHER
+        if group.group_name in self._ids:
+            return self._ids[group.group_name]
         return self._names.get(frozenset(dist.get_process_group_ranks(group)), OTHER)
 
     def charge(self, group: str, collective: str, ring: float | None,
@@ -166,11 +127,11 @@ class CommMeter(TorchDispatchMode):
 
     # -- untimed: at the dispatcher --------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace == "c10d" and func._opname in _C10D_OPS:
-            collective, full = _C10D_OPS[func._opname]  # full: the argument holding S
+        if func.namespace == "c10d" and func._opname in C10D_OPS:
+            collective, full = C10D_OPS[func._opname]  # full: the argument holding S
             at = [a.name for a in func._schema.arguments].index("process_group")
             group = dist.ProcessGroup.unbox(args[at])
-            size, root = _bytes(args[full]), _root(func, args)
+            size, root = call_bytes(args[full]), dispatched_root(func, args)
             self.charge(self.group_name(group), collective,
                         ring_bytes(collective, group.size(), size),
                         gloo=gloo_bytes(collective, group.size(), size, group.rank(), root))
@@ -180,7 +141,7 @@ class CommMeter(TorchDispatchMode):
             self.charge(self.group_name(group), ALL_TO_ALL, sent)  # no ring: each block direct
         elif func.namespace == "c10d" and func._opname == "send" and self.sends:
             group = dist.ProcessGroup.unbox(args[1])
-            self.charge(self.group_name(group), P2P, _bytes(args[0]))
+            self.charge(self.group_name(group), P2P, call_bytes(args[0]))
         return func(*args, **(kwargs or {}))
 
     # -- timed: at the Python doors ----------------------------------------------------
@@ -211,8 +172,8 @@ class CommMeter(TorchDispatchMode):
             if full_name is None:
                 self.charge(self.group_name(group), kind, 0.0, seconds)
                 return work
-            size, n = _bytes(bound[full_name]), group.size()
-            root = _group_root(group, bound) if kind == "broadcast" else 0
+            size, n = call_bytes(bound[full_name]), group.size()
+            root = group_root(group, bound) if kind == "broadcast" else 0
             self.charge(self.group_name(group), kind, ring_bytes(kind, n, size), seconds,
                         gloo=gloo_bytes(kind, n, size, group.rank(), root))
             return work
@@ -242,12 +203,27 @@ class CommMeter(TorchDispatchMode):
     def _p2p_call(self, call):
         @functools.wraps(call)
         def wrapped(p2p_ops, *args, **kwargs):
-            start = time.perf_counter()
-            works = call(p2p_ops, *args, **kwargs)  # posted, not waited for: the schedule
+            start, self._inside.door = time.perf_counter(), True  # its sends: counted here
+            try:
+                works = call(p2p_ops, *args, **kwargs)  # posted, not waited for: the schedule
+            finally:
+                self._inside.door = False
             sent = sum(nbytes(p.tensor) for p in p2p_ops if p.op is dist.isend)  # waits
             if p2p_ops:
                 self.charge(self.group_name(p2p_ops[0].group), P2P, sent, time.perf_counter() - start)
             return works
+        return wrapped
+
+    def _send_call(self, call):
+        @functools.wraps(call)
+        def wrapped(group, tensors, *args, **kwargs):
+            if getattr(self._inside, "door", False):
+                return call(group, tensors, *args, **kwargs)
+            start = time.perf_counter()
+            work = call(group, tensors, *args, **kwargs)  # posted; its sender waits for it
+            self.charge(self.group_name(group), P2P, float(sum(nbytes(t) for t in tensors)),
+                        time.perf_counter() - start)
+            return work
         return wrapped
 
     def _p2p_wait(self, call):
@@ -267,7 +243,10 @@ class CommMeter(TorchDispatchMode):
         original = getattr(owner, name, None)
         if original is None:  # an older torch: not there, not counted
             return
-        self._saved.append((owner, name, original))
+        # a class's method is put back as the class stored it (a pybind method's binder,
+        # not the bare function getattr hands out, which would lose its ``self``)
+        stored = vars(owner).get(name, original) if isinstance(owner, type) else original
+        self._saved.append((owner, name, stored))
         setattr(owner, name, wrapper(original))
 
     def __enter__(self) -> CommMeter:
@@ -277,12 +256,13 @@ class CommMeter(TorchDispatchMode):
         from torch.distributed import _functional_collectives as funcol
         from torch.distributed.pipelining import schedules
 
-        for name, (kind, which) in _DIST.items():
+        for name, (kind, which) in DIST.items():
             self._patch(dist, name, lambda c, k=kind, w=which: self._dist_call(c, k, w))
-        for name, (kind, where) in _FUNCOL.items():
+        for name, (kind, where) in FUNCOL.items():
             self._patch(funcol, name, lambda c, k=kind, w=where: self._funcol_call(c, k, w))
         self._patch(schedules, "_batch_p2p", self._p2p_call)
         self._patch(schedules, "_wait_batch_p2p", self._p2p_wait)
+        self._patch(dist.ProcessGroup, "send", self._send_call)
         return self
 
     def __exit__(self, *exc: object) -> None:

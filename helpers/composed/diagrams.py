@@ -1,6 +1,6 @@
 """The pictures of this technique, drawn from the objects the lesson runs.
 
-``mesh_diagram`` draws the ``(pp, dp, tp)`` mesh's groups from :class:`Layout` (whose
+``mesh_diagram`` draws the ``(pp, dp, cp, tp)`` mesh's groups from :class:`Layout` (whose
 ``grid`` is the mesh ``train_3d`` builds); ``weight_diagram`` draws what one rank holds of
 one weight, from the stage cut (:class:`StageModule`), the tensor-parallel plan
 (``ledger.tp_dim``) and ``fully_shard``'s chunk of the first dimension.
@@ -25,24 +25,28 @@ def _stride(layout: Layout, dim: str) -> int:
 
 
 def mesh_diagram(layout: Layout) -> Diagram:
-    """The ranks of ``layout``'s mesh in their numbering, once per dimension, each box
-    coloured by the group it belongs to along that dimension."""
+    """The ranks of ``layout``'s mesh in their numbering, once per dimension (cp only when
+    it is above 1), each box coloured by the group it belongs to along that dimension."""
     world = layout.world_size
     if not 1 < world <= MAX_RANKS:
         raise ValueError(f"a mesh of {world} ranks ({layout}); valid: 2 to {MAX_RANKS} ranks")
+    rows = [dim for dim in ("tp", "cp", "dp", "pp") if dim != "cp" or layout.cp > 1]
     apart = {d: _stride(layout, d) for d in DIMS}
-    said = [("neighbouring ranks" if apart[dim] == 1 else f"ranks {apart[dim]} apart")
-            if getattr(layout, dim) > 1 else "one rank each" for dim in ("tp", "dp", "pp")]
-    d = Diagram(10.4, 4.3, f"tp, the innermost dimension, groups {said[0]};\ndp groups "
-                           f"{said[1]}, pp groups {said[2]}")
+    said = {dim: ("neighbouring ranks" if apart[dim] == 1 else f"ranks {apart[dim]} apart")
+            if getattr(layout, dim) > 1 else "one rank each" for dim in rows}
+    inner = f"tp, the innermost dimension, groups {said['tp']};\n" + ", ".join(
+        f"{dim} groups {said[dim]}" for dim in rows[1:])
+    height = 0.7 + 1.2 * len(rows)
+    d = Diagram(10.4, height, inner)
     step = 8.0 / world
-    width, left, top = 0.82 * step, 2.3, 4.0
-    d.text(1.1, top, "rank (pp, dp, tp)", bold=True)
+    width, left, top = 0.82 * step, 2.3, height - 0.3
+    shown = [dim for dim in DIMS if dim in rows]  # the coordinates, outermost first
+    d.text(1.1, top, f"rank ({', '.join(shown)})", bold=True)
     for rank in range(world):
         c = layout.coords(rank)
-        d.text(left + rank * step + width / 2, top, f"({c['pp']}, {c['dp']}, {c['tp']})",
+        d.text(left + rank * step + width / 2, top, f"({', '.join(str(c[k]) for k in shown)})",
                fontsize=8)
-    for row, dim in enumerate(("tp", "dp", "pp")):
+    for row, dim in enumerate(rows):
         y = top - 0.35 - 1.2 * (row + 1) + 0.4
         groups = layout.groups(dim)
         d.text(1.1, y + 0.45, f"{dim} groups", bold=True)

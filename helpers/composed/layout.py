@@ -1,10 +1,14 @@
-"""A 3-D layout of the small Llama: pipeline stages x data-parallel shards x tensor-parallel ranks.
+"""A layout of the small Llama: pipeline stages x data-parallel shards x context-parallel
+ranks x tensor-parallel ranks.
 
-Ranks form a ``DeviceMesh`` of shape ``(pp, dp, tp)``. In PyTorch's own order (as
-torchtitan applies it): the model is cut into ``pp`` stages of whole blocks (the first
-with the embedding, the last with the final norm and the head); each stage is split over
-its ``tp`` ranks by ``parallelize_module`` with lesson 09's plan (tensor and sequence
-parallelism); each block, then the stage, is sharded over ``dp`` by ``fully_shard``; and
+Ranks form a ``DeviceMesh`` of shape ``(pp, dp, cp, tp)``, the order torchtitan uses. In
+the order torchtitan applies them: the model is cut into ``pp`` stages of whole blocks
+(the first with the embedding, the last with the final norm and the head); every block's
+attention becomes lesson 10's context-parallel attention over ``cp`` (the zig-zag ring);
+each stage is split over its ``tp`` ranks by ``parallelize_module`` with lesson 09's plan
+(tensor and sequence parallelism); each block, then the stage, is sharded by
+``fully_shard`` over ``dp`` and ``cp`` together (a context-parallel rank holds every weight
+and sees other tokens, so its gradients are summed like a data-parallel rank's); and
 ``torch.distributed.pipelining`` runs the stages with a 1F1B schedule.
 """
 
@@ -20,29 +24,51 @@ from torch import nn
 from helpers.models.attention import divisors
 from helpers.models.llama import LMConfig, TinyLM
 
-DIMS = ("pp", "dp", "tp")  # the mesh's dimensions, outermost first
+DIMS = ("pp", "dp", "cp", "tp")  # the mesh's dimensions, outermost first
+CP_VARIANT = "zigzag"  # the composed run's context parallelism: lesson 10's balanced ring
 
 
 @dataclass(frozen=True)
 class Layout:
-    """Sizes of the mesh's three dimensions, outermost first."""
+    """Sizes of the mesh's four dimensions. The mesh orders them pp, dp, cp, tp; ``cp``
+    comes last here and defaults to 1, so that ``Layout(pp, dp, tp)`` keeps its meaning."""
 
     pp: int = 1
     dp: int = 1
     tp: int = 1
+    cp: int = 1
 
     @property
     def world_size(self) -> int:
-        return self.pp * self.dp * self.tp
+        return self.pp * self.dp * self.cp * self.tp
+
+    @property
+    def shards(self) -> int:
+        """Ranks ``fully_shard`` cuts each weight over: dp x cp."""
+        return self.dp * self.cp
+
+    @property
+    def fsdp_dim(self) -> str:
+        """The mesh dimension ``fully_shard`` runs over: "dp", or "dp_cp" (the two
+        flattened into one) when there is context parallelism."""
+        return "dp_cp" if self.cp > 1 else "dp"
+
+    @property
+    def fsdp_group(self) -> str:
+        """The dimension whose process group carries ``fully_shard``'s traffic: "dp", or
+        "cp" when dp = 1 (dp x cp flattened is then the cp ranks, and PyTorch hands back
+        the cp group itself)."""
+        return "cp" if self.cp > 1 and self.dp == 1 else "dp"
 
     def grid(self, ranks: list[int] | None = None) -> torch.Tensor:
         """``ranks`` (default: 0 .. world size - 1) laid out on the mesh, shape ``(pp, dp,
-        tp)``, row-major as ``DeviceMesh`` takes them: ``tp``, the innermost, varies fastest."""
+        cp, tp)``, row-major as ``DeviceMesh`` takes them: ``tp``, the innermost, varies
+        fastest."""
         ranks = list(range(self.world_size)) if ranks is None else ranks
         if len(ranks) != self.world_size:
             raise ValueError(f"{len(ranks)} ranks for a mesh of {self.world_size}; valid: "
                              f"{self.world_size} ranks")
-        return torch.tensor(ranks).reshape(self.pp, self.dp, self.tp)
+        return torch.tensor(ranks).reshape(self.pp, self.dp, self.cp, self.tp)
 
     def groups(self, dim: str) -> list[list[int]]:
         """Every group along ``dim``: the ranks whose indices differ only along ``dim``."""
@@ -52,29 +78,33 @@ class Layout:
         return self.grid().movedim(DIMS.index(dim), -1).reshape(-1, size).tolist()
 
     def coords(self, rank: int) -> dict[str, int]:
-        """``rank``'s index along each dimension, e.g. ``{"pp": 0, "dp": 1, "tp": 1}``."""
+        """``rank``'s index along each dimension, e.g. ``{"pp": 0, "dp": 1, "cp": 0,
+        "tp": 1}``."""
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank={rank}; valid: 0 .. {self.world_size - 1}")
-        p, d, t = ((self.grid() == rank).nonzero()[0]).tolist()
-        return {"pp": p, "dp": d, "tp": t}
+        return dict(zip(DIMS, ((self.grid() == rank).nonzero()[0]).tolist(), strict=True))
 
     def __str__(self) -> str:
-        parts = [f"{name}={getattr(self, name)}" for name in ("dp", "tp", "pp")
+        parts = [f"{name}={getattr(self, name)}" for name in ("dp", "cp", "tp", "pp")
                  if getattr(self, name) > 1]
         return " x ".join(parts) or "one device"
 
     def validate(self, lm: LMConfig, *, batch: int, microbatches: int,
-                 world_size: int | None = None) -> Layout:
-        """Refuse, naming the value and the valid choices, a layout this model, batch and
-        world cannot take."""
-        for name in ("pp", "dp", "tp"):
+                 world_size: int | None = None, seq: int | None = None) -> Layout:
+        """Refuse, naming the value and the valid choices, a layout this model, batch,
+        sequence length and world cannot take."""
+        for name in DIMS:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r}; valid: an integer >= 1")
         if world_size is not None and self.world_size != world_size:
-            raise ValueError(f"pp x dp x tp = {self.pp} x {self.dp} x {self.tp} = "
-                             f"{self.world_size}, but the world size is {world_size}; valid: "
-                             f"a mesh whose product is {world_size}")
+            raise ValueError(f"pp x dp x cp x tp = {self.pp} x {self.dp} x {self.cp} x "
+                             f"{self.tp} = {self.world_size}, but the world size is "
+                             f"{world_size}; valid: a mesh whose product is {world_size}")
+        if seq is not None and self.cp > 1 and seq % (2 * self.cp):
+            valid = [c for c in divisors(seq) if seq % (2 * c) == 0]
+            raise ValueError(f"cp={self.cp} cannot cut seq={seq} into 2 x cp zig-zag chunks; "
+                             f"valid cp: {valid}")
         if lm.blocks % self.pp:
             raise ValueError(f"pp={self.pp} does not divide the {lm.blocks} blocks into whole "
                              f"stages; valid pp: {divisors(lm.blocks)}")
@@ -121,10 +151,16 @@ class StageModule(nn.Module):
         return x
 
 
-def build_stage(model: TinyLM, layout: Layout, mesh, stage: int) -> StageModule:
-    """Stage ``stage`` of a copy of ``model``, tensor-parallel over ``mesh["tp"]`` (with
-    sequence parallelism) and fully sharded over ``mesh["dp"]``."""
-    module = StageModule(copy.deepcopy(model), stage, layout.pp)
+def build_stage(model: TinyLM, layout: Layout, mesh, stage: int, shards=None) -> StageModule:
+    """Stage ``stage`` of a copy of ``model``: context-parallel over ``mesh["cp"]``,
+    tensor-parallel over ``mesh["tp"]`` (with sequence parallelism) and fully sharded over
+    ``shards`` (default ``mesh["dp"]``; with context parallelism, dp and cp flattened)."""
+    model = copy.deepcopy(model)
+    if layout.cp > 1:
+        from helpers.context_parallel.llama import context_parallel
+
+        context_parallel(model, mesh["cp"].get_group(), CP_VARIANT)
+    module = StageModule(model, stage, layout.pp)
     if layout.tp > 1:
         from torch.distributed.tensor.parallel import parallelize_module
 
@@ -135,11 +171,12 @@ def build_stage(model: TinyLM, layout: Layout, mesh, stage: int) -> StageModule:
                            {k: v for k, v in top.items() if getattr(module, k) is not None})
         for each in module.blocks.values():
             parallelize_module(each, mesh["tp"], block)
-    if layout.dp > 1:
+    if layout.shards > 1:
         from torch.distributed.fsdp import fully_shard
 
         keep = layout.pp == 1  # under a pipeline the weights stay gathered between micro-batches
+        shards = mesh["dp"] if shards is None else shards
         for each in module.blocks.values():
-            fully_shard(each, mesh=mesh["dp"], reshard_after_forward=keep)
-        fully_shard(module, mesh=mesh["dp"], reshard_after_forward=keep)
+            fully_shard(each, mesh=shards, reshard_after_forward=keep)
+        fully_shard(module, mesh=shards, reshard_after_forward=keep)
     return module

@@ -3,9 +3,10 @@
 Each weight of a stage is split by the tensor-parallel plan (lesson 09's ``llama_plans``:
 a column-parallel linear by its rows, a row-parallel one by its columns, the embedding
 by the vocabulary, the norms whole), then ``fully_shard`` cuts what is left along its
-first dimension over ``dp`` (a chunk of ``ceil(rows / dp)`` rows). AdamW keeps two
+first dimension over ``dp x cp`` (a chunk of ``ceil(rows / (dp x cp))`` rows). AdamW keeps two
 tensors per weight (``exp_avg``, ``exp_avg_sq``) and a float32 step counter. The
-activations are the estimator's (``helpers.memory``), for the micro-batches in flight.
+activations are the estimator's (``helpers.memory``), for the micro-batches in flight and
+``seq / cp`` tokens of each sequence.
 
 One gradient is not shaped like its weight: PyTorch's vocabulary-parallel embedding
 (``RowwiseParallel`` on ``nn.Embedding``) hands back its gradient whole (``Replicate``),
@@ -17,7 +18,8 @@ from __future__ import annotations
 
 import math
 
-from helpers.composed.layout import StageModule
+from helpers.composed.layout import CP_VARIANT, StageModule
+from helpers.context_parallel.traffic import AttentionShape, layer_traffic
 from helpers.memory.estimate import estimate_transformer
 from helpers.memory.ledger import DeviceMemory
 from helpers.memory.transformer import TransformerShape
@@ -57,7 +59,7 @@ def _pieces(config, stage: int) -> list[tuple[str, int, int]]:
     out = []
     for name, p in module.named_parameters():
         split = tp_dim(name) if layout.tp > 1 else None
-        out.append((name, _local_numel(p.shape, split, layout.tp, layout.dp),
+        out.append((name, _local_numel(p.shape, split, layout.tp, layout.shards),
                     _local_numel(p.shape, split, layout.tp, 1)))
     return out
 
@@ -70,7 +72,7 @@ def predicted_memory(config, stage: int) -> DeviceMemory:
     pieces = _pieces(config, stage)
     weights = e * sum(held for _, held, _ in pieces)
     # the embedding's gradient comes back whole (see above) until fully_shard cuts it
-    whole = layout.tp > 1 and layout.dp == 1
+    whole = layout.tp > 1 and layout.shards == 1
     grads = e * sum(held * (layout.tp if whole and name == "embed.weight" else 1)
                     for name, held, _ in pieces)
     rows = config.batch // layout.dp // (m if layout.pp > 1 else 1)
@@ -79,7 +81,7 @@ def predicted_memory(config, stage: int) -> DeviceMemory:
     ledger = estimate_transformer(
         TransformerShape.of(config.model), batch=rows, seq=config.seq, precision=precision,
         stages=[config.model.blocks // layout.pp] * layout.pp, tp=layout.tp,
-        in_flight=in_flight, sequence_parallel=layout.tp > 1)
+        in_flight=in_flight, sequence_parallel=layout.tp > 1, cp=layout.cp)
     activations = list(ledger.rows.values())[stage].activations
     return DeviceMemory(weights=weights, grads=grads,
                         optimizer_state=2 * weights + STEP_BYTES * len(pieces),
@@ -91,7 +93,7 @@ def predicted_sent(config, stage: int, algorithm: str = "ring") -> dict[str, flo
     the ring formula (``algorithm="ring"``: what NCCL's ring sends) or by gloo's algorithms
     (``"gloo"``: this run's backend, whose reduce-scatter is an all-reduce: twice the ring's).
 
-    ``S`` is the residual stream of the rank's sequences (``batch / dp x seq x hidden``
+    ``S`` is the residual stream of the rank's tokens (``batch / dp x seq / cp x hidden``
     elements) and ``r(n) = (n - 1) / n`` a ring's share (lesson 06):
 
     - ``tp``: sequence parallelism all-gathers S before attention and the MLP and
@@ -105,19 +107,24 @@ def predicted_sent(config, stage: int, algorithm: str = "ring") -> dict[str, flo
       as ``Partial`` DTensors, and DTensor sums one each time an operation needs its
       value: three times (``exp_avg``'s update uses the gradient once, ``exp_avg_sq``'s
       twice, as ``grad * grad``).
-    - ``dp``: ``fully_shard`` all-gathers the stage's weights (its tensor-parallel pieces,
-      P bytes) for the forward and again for the backward (once only under a pipeline:
-      they stay gathered between micro-batches), and reduce-scatters their gradients.
+    - ``dp``, ``fully_shard``'s ranks (dp x cp with context parallelism, ``d`` ranks in
+      all; counted under ``cp`` when dp = 1, whose group it then is): it all-gathers the
+      stage's weights (its tensor-parallel pieces, P bytes) for the forward and again for
+      the backward (once only under a pipeline: they stay gathered between
+      micro-batches), and reduce-scatters their gradients.
+    - ``cp``: each block's ring attention (lesson 10's ``layer_traffic``), on its
+      tensor-parallel rank's heads, for every micro-batch.
     - ``pp``: each micro-batch's activations go to the next stage and their gradients
-      come back; under tensor parallelism each rank sends its sequence slice.
+      come back; under tensor or context parallelism each rank sends its slice of the
+      sequence.
     """
     if algorithm not in ("ring", "gloo"):
         raise ValueError(f"algorithm={algorithm!r}; valid choices: ring, gloo")
     scatter = 2 if algorithm == "gloo" else 1  # a reduce-scatter's bytes, in ring shares
     layout, m, e = config.layout, config.microbatches, config.torch_dtype.itemsize
-    t, d, p = layout.tp, layout.dp, layout.pp
+    t, d, p, c = layout.tp, layout.shards, layout.pp, layout.cp
     first, last = stage == 0, stage == p - 1
-    tokens = config.batch // d * config.seq
+    tokens = config.batch // layout.dp * config.seq // c
     stream = tokens * config.model.hidden * e
     sent: dict[str, float] = {}
     pieces = _pieces(config, stage)
@@ -131,7 +138,14 @@ def predicted_sent(config, stage: int, algorithm: str = "ring") -> dict[str, flo
                       + 2 * r * (3 * tokens * e * last + whole * (1 if d > 1 else 3)))
     if d > 1:
         gathered = e * d * sum(held for _, held, _ in pieces)  # padded to d chunks
-        sent["dp"] = (d - 1) / d * gathered * ((2 if p == 1 else 1) + scatter)
+        sent[layout.fsdp_group] = (d - 1) / d * gathered * ((2 if p == 1 else 1) + scatter)
+    if c > 1:
+        lm, blocks = config.model, config.model.blocks // p
+        shape = AttentionShape(batch=config.batch // layout.dp // (m if p > 1 else 1),
+                               seq=config.seq, heads=lm.heads // t, kv_heads=lm.kv // t,
+                               head_dim=lm.hidden // lm.heads, element_bytes=e)
+        per_layer = layer_traffic(CP_VARIANT, shape, c, gloo=algorithm == "gloo").step
+        sent["cp"] = sent.get("cp", 0) + per_layer * blocks * (m if p > 1 else 1)
     if p > 1:
         slice_ = tokens // m * config.model.hidden * e / t
         sent["pp"] = m * slice_ * ((not last) + (not first))

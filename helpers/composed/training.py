@@ -1,8 +1,10 @@
-"""The 3-D training loop: a ``(pp, dp, tp)`` mesh, this rank's stage, 1F1B over ``pp``, AdamW.
+"""The composed training loop: a ``(pp, dp, cp, tp)`` mesh, this rank's stage, 1F1B over
+``pp``, AdamW.
 
 Every rank of the mesh runs :func:`train_3d` on the same global batch at every step: its
-data-parallel shard takes its rows, the first stage feeds them to the pipeline, the last
-one computes the loss (under ``loss_parallel`` when ``tp > 1``), and the loss of the whole
+data-parallel shard takes its rows, and its context-parallel rank its tokens of each of
+them (the zig-zag split); the first stage feeds them to the pipeline, the last one
+computes the loss (under ``loss_parallel`` when ``tp > 1``), and the loss of the whole
 batch is reduced over the mesh. A harness attaches from outside through :class:`Hooks`
 (lesson 11's clock, byte counter, memory meter and checkpoints:
 ``helpers.runs.llama_3d.instrumented``); the loop itself knows none of them.
@@ -19,7 +21,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from helpers.composed.data import MarkovTask
-from helpers.composed.layout import DIMS, Layout, StageModule, build_stage
+from helpers.composed.layout import CP_VARIANT, DIMS, Layout, StageModule, build_stage
 from helpers.models.llama import LMConfig, build_lm
 
 CPU = torch.device("cpu")
@@ -53,6 +55,7 @@ class Trained:
     module: StageModule
     optimizer: torch.optim.Optimizer
     losses: list[float] = field(default_factory=list)  # the whole batch's, one per step
+    shards: DeviceMesh | None = None  # fully_shard's ranks: dp, or dp x cp flattened
 
 
 class Hooks:
@@ -81,6 +84,16 @@ def mean_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
+def mine(rows: torch.Tensor, mesh: DeviceMesh, layout: Layout) -> torch.Tensor:
+    """This rank's tokens of its data-parallel ``rows`` (batch, seq): its context-parallel
+    rank's chunks of every sequence (all of them when ``cp = 1``)."""
+    if layout.cp == 1:
+        return rows.clone()
+    from helpers.context_parallel.llama import tokens_of
+
+    return tokens_of(rows, mesh["cp"].get_group(), CP_VARIANT).contiguous()
+
+
 def train_3d(config: TrainerConfig, ranks: list[int] | None = None, *,
              device: torch.device = CPU, hooks: Hooks | None = None
              ) -> Trained | None:
@@ -92,16 +105,24 @@ def train_3d(config: TrainerConfig, ranks: list[int] | None = None, *,
 
     layout, hooks = config.layout, hooks or Hooks()
     ranks = list(range(layout.world_size)) if ranks is None else ranks
+    if layout.cp > 1 and len(ranks) != dist.get_world_size():
+        raise ValueError(f"cp={layout.cp} on {len(ranks)} of {dist.get_world_size()} ranks; "
+                         "valid: context parallelism on every rank of the launch (flattening "
+                         "dp and cp creates groups every rank must join)")
     mesh = DeviceMesh(device.type, layout.grid(ranks), mesh_dim_names=DIMS)  # tp innermost
     group = dist.new_group(ranks)
     if dist.get_rank() not in ranks:
         return None
+    # fully_shard's ranks: dp, or dp and cp flattened into one dimension, as torchtitan
+    # does (DeviceMesh's _flatten, private in torch 2.14: the mesh it returns is kept)
+    shards = mesh["dp"] if layout.cp == 1 else mesh["dp", "cp"]._flatten(layout.fsdp_dim)
     stage, shard = mesh.get_local_rank("pp"), mesh.get_local_rank("dp")
     last = stage == layout.pp - 1
     model = build_lm(config.model, seed=config.seed).train().to(device=device,
                                                                 dtype=config.torch_dtype)
-    module = build_stage(model, layout, mesh, stage)
-    state = Trained(mesh, group, module, torch.optim.AdamW(module.parameters(), lr=config.lr))
+    module = build_stage(model, layout, mesh, stage, shards)
+    state = Trained(mesh, group, module, torch.optim.AdamW(module.parameters(), lr=config.lr),
+                    shards=shards)
     if layout.pp > 1:
         schedule = Schedule1F1B(PipelineStage(module, stage, layout.pp, device,
                                               group=mesh["pp"].get_group()),
@@ -109,8 +130,8 @@ def train_3d(config: TrainerConfig, ranks: list[int] | None = None, *,
     parallel_loss = loss_parallel if layout.tp > 1 else contextlib.nullcontext
     task, rows = MarkovTask(config.model.vocab, config.seed), config.batch // layout.dp
     for step in range(hooks.start(state), config.steps):
-        ids, targets = (t[shard * rows:(shard + 1) * rows].to(device).clone()  # its own rows
-                        for t in task.batch(config.batch, config.seq, step))
+        ids, targets = (mine(t[shard * rows:(shard + 1) * rows], mesh, layout).to(device)
+                        for t in task.batch(config.batch, config.seq, step))  # its own rows
         state.optimizer.zero_grad()
         with hooks.step(step):
             with parallel_loss():
@@ -125,7 +146,7 @@ def train_3d(config: TrainerConfig, ranks: list[int] | None = None, *,
                             else torch.zeros((), device=device))
             state.optimizer.step()
         total = whole(loss).detach().reshape(1).to(torch.float64) * last
-        dist.all_reduce(total, group=group)  # the last stage's dp x tp ranks: their shards' means
-        state.losses.append(total.item() / (layout.dp * layout.tp))
+        dist.all_reduce(total, group=group)  # the last stage's dp x cp x tp ranks: their means
+        state.losses.append(total.item() / (layout.dp * layout.cp * layout.tp))
         hooks.end_step(step, state)
     return state

@@ -37,3 +37,23 @@ def test_uneven_all_to_all_and_sends_counted_on_real_ranks():
     results = run_ranks(2, work, timeout=30)
     # rank 0 sends 3 rows of 8 B to rank 1; rank 1 sends 2 rows to rank 0; each 20 B p2p
     assert results == [(24.0, 20.0, 0), (16.0, 20.0, 0)]
+
+
+def test_the_timed_meter_counts_a_ring_send_once_and_puts_the_method_back():
+    """Timed, at the Python doors: ``ProcessGroup.send`` (a context-parallel ring's) is
+    charged as one p2p call of its bytes; after the ``with`` the class holds its own
+    method again, and a send still binds its group (a bare function would not)."""
+    original = vars(dist.ProcessGroup)["send"]
+
+    def work(rank, group):
+        if rank == 1:  # only receives: the patch is process-wide, as timed mode says
+            for _ in range(2):
+                group.recv([torch.empty(5)], 0, 0).wait()
+            return None
+        with CommMeter(timed=True) as meter:  # (thread ranks' groups have no global name)
+            group.send([torch.ones(5)], 1, 0).wait()
+        group.send([torch.ones(5)], 1, 0).wait()  # after the with: the real method
+        return meter.per_collective.calls[P2P], meter.per_collective.ring[P2P]
+
+    assert run_ranks(2, work, timeout=30)[0] == (1, 20.0)
+    assert vars(dist.ProcessGroup)["send"] is original

@@ -15,7 +15,7 @@ from helpers.composed.ledger import _pieces
 from helpers.core.drawing import rank_colour
 from helpers.exercises.mesh_groups import torch_groups
 from helpers.profiles import get_profile
-from helpers.runs.llama_3d.config import THREE_D, SuiteConfig
+from helpers.runs.llama_3d.config import THREE_D, WITH_CP, SuiteConfig
 
 LAYOUTS = [THREE_D, Layout(pp=2, dp=1, tp=4), Layout(pp=4, dp=2, tp=1), Layout(dp=2, tp=2)]
 
@@ -27,19 +27,41 @@ def suite() -> SuiteConfig:
 @pytest.mark.parametrize("layout", LAYOUTS, ids=str)
 def test_the_layouts_groups_are_the_ones_pytorchs_device_mesh_forms(layout):
     want = torch_groups(layout.pp, layout.dp, layout.tp)
-    assert {d: sorted(layout.groups(d)) for d in DIMS} == want
+    assert {d: sorted(layout.groups(d)) for d in ("pp", "dp", "tp")} == want
+    assert layout.groups("cp") == [[r] for r in range(layout.world_size)]  # cp = 1
     assert torch.equal(layout.grid(), torch.arange(layout.world_size).view(
-        layout.pp, layout.dp, layout.tp))
+        layout.pp, layout.dp, 1, layout.tp))
     for rank in range(layout.world_size):
         c = layout.coords(rank)
-        assert layout.grid()[c["pp"], c["dp"], c["tp"]].item() == rank
+        assert layout.grid()[c["pp"], c["dp"], c["cp"], c["tp"]].item() == rank
+
+
+@pytest.mark.parametrize("layout", [WITH_CP, Layout(dp=2, cp=2, tp=2), Layout(pp=2, dp=2, cp=2)],
+                         ids=str)
+def test_a_mesh_with_cp_forms_pytorchs_four_dimensional_groups(layout):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from helpers.exercises.mesh_groups import _fake_rank
+
+    found: dict[str, set] = {d: set() for d in DIMS}
+    for rank in range(layout.world_size):
+        with _fake_rank(rank, layout.world_size):
+            mesh = init_device_mesh("cpu", tuple(getattr(layout, d) for d in DIMS),
+                                    mesh_dim_names=DIMS)
+            for d in DIMS:
+                found[d].add(tuple(mesh[d].mesh.tolist()))
+    assert {d: sorted(layout.groups(d)) for d in DIMS} == {
+        d: [list(g) for g in sorted(found[d])] for d in DIMS}
+    drawn = mesh_diagram(layout)
+    assert len(drawn.boxes) == 4 * layout.world_size  # a row for cp too
+    assert "cp groups" in drawn.title
 
 
 def test_bad_mesh_input_is_refused_by_name():
     with pytest.raises(ValueError, match="3 ranks for a mesh of 8"):
         THREE_D.grid([0, 1, 2])
-    with pytest.raises(ValueError, match="dim='cp'; valid: pp, dp, tp"):
-        THREE_D.groups("cp")
+    with pytest.raises(ValueError, match="dim='ep'; valid: pp, dp, cp, tp"):
+        THREE_D.groups("ep")
     with pytest.raises(ValueError, match="rank=8; valid: 0 .. 7"):
         THREE_D.coords(8)
     with pytest.raises(ValueError, match="a mesh of 1 ranks"):

@@ -16,7 +16,7 @@ from helpers.composed.checkpoint import check, load_one_process, step_folder
 from helpers.composed.layout import Layout
 from helpers.core.errors import FolderError
 from helpers.runs.contract import launch
-from helpers.runs.llama_3d.config import SMALL_LLAMA, SuiteConfig, TrainerConfig
+from helpers.runs.llama_3d.config import SMALL_LLAMA, THREE_D, SuiteConfig, TrainerConfig
 from helpers.runs.llama_3d.digest import fingerprint, parameter_hashes
 from helpers.runs.llama_3d.processes import survivors
 
@@ -32,6 +32,10 @@ def other_model(config: TrainerConfig, **change: object) -> TrainerConfig:
     ("change", "world", "named"),
     [
         ({"dp": 2, "tp": 2}, 2, ["= 4", "world size is 2"]),
+        ({"cp": 2, "tp": 2, "pp": 2}, 4, ["pp x dp x cp x tp = 2 x 1 x 2 x 2 = 8",
+                                           "world size is 4"]),
+        ({"cp": 3}, 3, ["cp=3", "seq=16", "2 x cp zig-zag chunks", "valid cp: [1, 2, 4, 8]"]),
+        ({"cp": 0}, 1, ["cp=0", "an integer >= 1"]),
         ({"pp": 3}, 3, ["pp=3", "valid pp: [1, 2, 4]"]),
         ({"pp": 8}, 8, ["pp=8", "4 blocks"]),
         ({"tp": 3}, 3, ["tp=3", "heads=4"]),
@@ -91,12 +95,13 @@ def test_the_case_for_tp_innermost_fails_when_tp_sends_more_or_calls_less():
         return SimpleNamespace(traffic=Traffic(calls, ring, gloo, {}, None))
 
     full = rank({"tp": 40, "dp": 6, "pp": 3}, {"tp": 290.0, "dp": 306.0, "pp": 16.0})
-    order = SuiteResult.mesh_order(SimpleNamespace(runs=[SimpleNamespace(ranks=[full])]))
+    three_d = SimpleNamespace(ranks=[full], layout=THREE_D)
+    order = SuiteResult.mesh_order(SimpleNamespace(runs=[three_d]))
     assert order.ok and str(order).endswith("tp sends 18 x the bytes of pp")
     tp_heavier = rank({"tp": 40, "dp": 6}, {"tp": 400.0, "dp": 306.0})
     fewer_calls = rank({"tp": 4, "dp": 6}, {"tp": 290.0, "dp": 306.0})
     for planted in (tp_heavier, fewer_calls):
-        runs = [SimpleNamespace(ranks=[planted]), SimpleNamespace(ranks=[full])]
+        runs = [SimpleNamespace(ranks=[planted], layout=Layout(dp=2, tp=2)), three_d]
         assert not SuiteResult.mesh_order(SimpleNamespace(runs=runs)).ok
 
 
@@ -207,6 +212,24 @@ def test_the_3d_layout_trains_the_one_process_model_and_its_ranks_match_their_le
 @pytest.mark.twin
 @pytest.mark.torchrun
 @pytest.mark.slow
+@pytest.mark.twin
+@pytest.mark.torchrun
+@pytest.mark.slow
+def test_context_parallelism_composes_with_tp_and_pp_and_trains_the_one_process_model():
+    """cp x tp x pp = 2 x 2 x 2 on 8 ranks, float64: the zig-zag ring inside every block,
+    fully_shard over the cp ranks, equal to one process; every rank's state to the byte,
+    its bytes per dimension as predicted (the cp group carrying the ring and FSDP)."""
+    run = launch(TrainerConfig(cp=2, tp=2, pp=2, steps=3, dtype="float64", **SMALL),
+                 timeout=300)
+    assert run.ok, run.report()
+    assert run.layout == Layout(pp=2, tp=2, cp=2) and len(run.ranks) == 8
+    assert all(r.state_ok and r.sent_ok and r.ledger_ok for r in run.ranks)
+    assert all(set(r.traffic.ring) == {"cp", "tp", "pp"} for r in run.ranks)
+    assert {r.coords["cp"] for r in run.ranks} == {0, 1}
+    assert all(r.traffic.kinds.get("p2p", 0) > 3 for r in run.ranks)  # the ring's sends too
+    assert survivors() == []
+
+
 def test_a_checkpoint_saved_under_one_layout_resumes_under_another(tmp_path):
     """pp=2 x tp=2 trains 2 steps and saves after each; dp=2 resumes and finishes 4 steps,
     equal to the one-process run; one process loads the checkpoint with the same

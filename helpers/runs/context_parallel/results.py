@@ -1,11 +1,17 @@
 """The context-parallel run's typed result, and every verdict, decided here.
 
-Tolerance (chosen): ``(terms + 10 cp)`` float64 epsilons of ``max(1, |largest value|)`` of
-the quantity in the one-process reference, where ``terms`` is the most terms an element
-sums: ``seq`` keys for an output or a query gradient, ``seq x heads / kv_heads`` for a key
-or value gradient under grouped-query attention. Each addition or merge rounds by at most
-one epsilon of the running value, so the budget covers every rounding with room; a lost or
-misplaced block moves a value by its own size, some 10^12 budgets or more beyond.
+Tolerance of the attention layer's proofs (derived): the rounding-error bound of
+:mod:`helpers.context_parallel.bounds`, computed from the inputs, twice (the reference's
+and the run's) for each of the output and the gradients of q, k and v. The worker
+computes it once, from the whole inputs.
+
+:func:`tolerance` (chosen) is the budget for what the bound does not cover, a whole small
+Llama's gradients (lesson 10's training step): ``(terms + 10 cp)`` float64 epsilons of
+``max(1, |largest value|)`` of the quantity in the one-process reference, ``terms`` the
+most terms an element sums. Each addition or merge rounds by at most one epsilon of the
+running value, so it covers every rounding of one sum with room; through a whole model it
+is an assumption, confirmed by the margins the lesson prints. A lost or misplaced block
+moves a value by its own size, some 10^12 budgets or more beyond.
 
 Bytes: what each rank issued, counted on the rank (``CommMeter`` with its sends), must be
 what :func:`helpers.context_parallel.traffic.layer_traffic` says, forward and backward,

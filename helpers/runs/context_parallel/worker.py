@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from helpers.comm.meter import CommMeter
 from helpers.comm.wire import WireMeter
+from helpers.context_parallel.bounds import attention_bounds
 from helpers.context_parallel.gather import allgather_attention, ulysses_attention
 from helpers.context_parallel.ring import RingPlan, compute_clock, ring_attention
 from helpers.context_parallel.split import positions, shard, unshard
@@ -32,7 +33,6 @@ from helpers.runs.context_parallel.results import (
     CPAttentionResult,
     NativeRun,
     RankSide,
-    tolerance,
 )
 from helpers.runs.contract import serve
 from helpers.torchrun.ranks import Rank
@@ -145,9 +145,9 @@ def main(config: CPAttentionConfig, rank: Rank) -> CPAttentionResult:
     sides: list[dict | None] = [None] * cp
     dist.all_gather_object(sides, side.to_dict(), group=group)
     want = reference(*full, config.causal)
-    terms = config.seq * config.heads // config.kv_heads  # a key's gradient sums the most
-    proofs = [Proof(name, (got - ref).abs().max().item(), tolerance(terms, cp, ref))
-              for name, got, ref in zip(QUANTITIES, gathered, want, strict=True)]
+    allowed = attention_bounds(*full, config.causal, cp).values()  # derived, in bounds.py
+    proofs = [Proof(name, (got - ref).abs().max().item(), bound)
+              for name, got, ref, bound in zip(QUANTITIES, gathered, want, allowed, strict=True)]
     shape = config.shape()
     native = native_run(config, full, gathered[0], rank) if config.native else None
     result = CPAttentionResult(config.variant, config.split, cp, config.causal, proofs,

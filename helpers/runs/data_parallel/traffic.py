@@ -19,9 +19,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from helpers.comm.calls import C10D_OPS, call_bytes
 from helpers.comm.collectives import gloo_bytes, ring_bytes
 from helpers.comm.headers import gloo_header_bytes, wire_within
-from helpers.comm.meter import _C10D_OPS, CommMeter, _bytes
+from helpers.comm.meter import CommMeter
 from helpers.runs.contract import Record
 
 
@@ -46,9 +47,9 @@ class CallLog(CommMeter):
         self.issued: list[Call] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace == "c10d" and func._opname in _C10D_OPS:
-            collective, full = _C10D_OPS[func._opname]
-            self.issued.append((collective, _bytes(args[full])))
+        if func.namespace == "c10d" and func._opname in C10D_OPS:
+            collective, full = C10D_OPS[func._opname]
+            self.issued.append((collective, call_bytes(args[full])))
         return super().__torch_dispatch__(func, types, args, kwargs)
 
 

@@ -19,9 +19,9 @@ from helpers.runs.contract import Record, RunConfig
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 DEVICES = ("auto", "cpu", "cuda")
-LAYOUTS = (Layout(), Layout(dp=2), Layout(tp=2), Layout(pp=2), Layout(dp=2, tp=2),
-           Layout(pp=2, tp=2), Layout(pp=2, dp=2, tp=2))
 THREE_D, TWO_D = Layout(pp=2, dp=2, tp=2), Layout(dp=2, tp=2)
+WITH_CP = Layout(pp=2, tp=2, cp=2)  # context parallelism in the mesh: cp x tp x pp
+LAYOUTS = (Layout(), Layout(dp=2), Layout(tp=2), Layout(pp=2), TWO_D, THREE_D, WITH_CP)
 SMALL_LLAMA = llama(64, 64, 4, ffn=128, heads=4, kv_heads=2)  # the small profile's
 M = TypeVar("M", bound="ModelRun")
 
@@ -70,13 +70,15 @@ class ModelRun(Record):
 @dataclass(frozen=True)
 class TrainerConfig(ModelRun, RunConfig):
     """One layout's training, against the one-process run
-    (``torchrun --nproc-per-node=pp*dp*tp -m helpers.runs.llama_3d.worker``)."""
+    (``torchrun --nproc-per-node=pp*dp*cp*tp -m helpers.runs.llama_3d.worker``)."""
 
     WORKER: ClassVar[str] = "helpers.runs.llama_3d.worker"
 
     dp: int = option(1, "data-parallel (fully sharded) ranks")
     tp: int = option(1, "tensor- and sequence-parallel ranks")
     pp: int = option(1, "pipeline stages (1F1B)")
+    cp: int = option(1, "context-parallel ranks (the zig-zag ring attention of lesson 10; "
+                     "fully_shard then runs over dp x cp)")
     reference: bool = option(False, "also print the one-process run's losses")
     checkpoint_dir: str = option("", "save a checkpoint here after every step (none when "
                                  "empty)")
@@ -87,10 +89,10 @@ class TrainerConfig(ModelRun, RunConfig):
 
     @property
     def layout(self) -> Layout:
-        return Layout(self.pp, self.dp, self.tp)
+        return Layout(self.pp, self.dp, self.tp, self.cp)
 
     def ranks(self) -> int:
-        """One rank per mesh position: pp x dp x tp."""
+        """One rank per mesh position: pp x dp x cp x tp."""
         return self.layout.world_size
 
     def validate(self, world_size: int) -> TrainerConfig:
@@ -111,7 +113,7 @@ class TrainerConfig(ModelRun, RunConfig):
             raise ValueError("--kill-step without --checkpoint-dir DIR --resume: the restarted "
                              "ranks would start again from step 0; valid: add both")
         self.layout.validate(self.model, batch=self.batch, microbatches=self.microbatches,
-                             world_size=world_size)
+                             world_size=world_size, seq=self.seq)
         return self
 
     def before_launch(self, world_size: int) -> None:
@@ -139,7 +141,7 @@ class SuiteConfig(ModelRun, RunConfig):
 
     def trainer(self, layout: Layout, **change: Any) -> TrainerConfig:
         """The config of one layout's run."""
-        return replace(TrainerConfig(pp=layout.pp, dp=layout.dp, tp=layout.tp,
+        return replace(TrainerConfig(pp=layout.pp, dp=layout.dp, tp=layout.tp, cp=layout.cp,
                                      **self.shared()), **change)
 
     def ranks(self) -> int:
@@ -166,4 +168,4 @@ class SuiteConfig(ModelRun, RunConfig):
         return Path(self.checkpoint_dir or results_path("checkpoints/suite")).resolve()
 
     def folder(self, layout: Layout) -> str:
-        return str(self.root / f"pp{layout.pp}_dp{layout.dp}_tp{layout.tp}")
+        return str(self.root / f"pp{layout.pp}_dp{layout.dp}_cp{layout.cp}_tp{layout.tp}")

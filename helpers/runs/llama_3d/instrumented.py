@@ -26,13 +26,14 @@ import torch.distributed as dist
 from helpers.comm.meter import CommMeter
 from helpers.comm.wire import WireMeter
 from helpers.composed import checkpoint
+from helpers.composed.layout import DIMS as MESH_DIMS
 from helpers.composed.ledger import predicted_memory, predicted_sent
 from helpers.composed.training import CPU, Hooks, Trained, train_3d
 from helpers.runs.llama_3d.config import TrainerConfig
 from helpers.runs.llama_3d.digest import gathered_fingerprint, parameter_names
 from helpers.runs.llama_3d.measure import StageMeter, held
 from helpers.runs.llama_3d.reference import compare_weights, reference_run
-from helpers.runs.llama_3d.results import DIMS, LayoutRun, RankRecord, Traffic
+from helpers.runs.llama_3d.results import LayoutRun, RankRecord, Traffic
 from helpers.torchrun.status import say
 
 NCCL_WIRE = ("not read: NCCL's collectives go over NVLink, PCIe or InfiniBand, not this "
@@ -83,7 +84,11 @@ class Instruments(Hooks):
             self.loaded_ok = self.fingerprint() == manifest.weights_sha256
             again = f" (attempt {attempt()})" if attempt() else ""
             say(dist.get_rank(), f"{self.progress}resumed after {manifest.step + 1} of {config.steps} steps{again}")
-        dims = {d: state.mesh[d].get_group() for d in DIMS if getattr(config.layout, d) > 1}
+        layout = config.layout  # "dp": fully_shard's ranks, dp x cp when cp > 1
+        dims = {d: state.mesh[d].get_group() for d in ("pp", "cp", "tp")
+                if getattr(layout, d) > 1}
+        if layout.shards > 1 and layout.fsdp_group == "dp":
+            dims["dp"] = state.shards.get_group()
         self.comms = CommMeter(dims, timed=True, synchronize=self.device.type == "cuda")
         self.comms.wire = contextlib.nullcontext()  # its reads would fall inside the clock
         self.wire = WireMeter()
@@ -140,7 +145,7 @@ class Instruments(Hooks):
         return Traffic(self.per_step(group.calls), self.per_step(group.ring),
                        self.per_step(group.gloo),
                        self.per_step(self.comms.per_collective.calls), sent, note,
-                       max(layout.dp, layout.tp))
+                       max(layout.shards, layout.tp))
 
     def end_step(self, step: int, state: Trained) -> None:
         """A checkpoint after the step, where the run asks for one."""
@@ -153,10 +158,10 @@ class Instruments(Hooks):
         """Collective over the mesh: every rank's record, against the one-process run."""
         config, state = self.config, self.state
         say(dist.get_rank(), f"{self.progress}comparing to one process")
-        coords = {d: state.mesh.get_local_rank(d) for d in ("pp", "dp", "tp")}
+        coords = {d: state.mesh.get_local_rank(d) for d in MESH_DIMS}
         ref = reference_run(config, self.device)
         diff, compared = compare_weights(state.module, ref.weights, state.group,
-                                         coords["dp"] == coords["tp"] == 0)
+                                         coords["dp"] == coords["cp"] == coords["tp"] == 0)
         sha = self.fingerprint()
         memory = self.memory
         memory.optimizer_state = held(state.module, state.optimizer).optimizer_state
@@ -172,7 +177,7 @@ class Instruments(Hooks):
         return LayoutRun(layout.pp, layout.dp, layout.tp, config.dtype, config.lr, state.losses,
                          ref.losses, diff, ref.grad_scale, compared, len(ref.weights), sha,
                          ranks, self.first - 1 if self.first else None, attempt(),
-                         self.loaded_ok)
+                         self.loaded_ok, layout.cp)
 
 
 def train_layout(config: TrainerConfig, ranks: list[int] | None = None, *,

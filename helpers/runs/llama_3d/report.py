@@ -6,7 +6,6 @@ import statistics
 from pathlib import Path
 
 from helpers.core.plotting import plt, save_figure
-from helpers.core.sizes import format_bytes
 from helpers.runs.llama_3d.results import DIMS, LayoutRun
 
 
@@ -46,12 +45,13 @@ def ledger_table(runs: list[LayoutRun]) -> str:
 
 def sent_table(runs: list[LayoutRun]) -> str:
     """Per layout and stage: the calls one rank issues per step along each mesh dimension
-    and their bytes, by the ring formula and by gloo's algorithms (a pipeline's sends are
-    the same either way)."""
-    spans = {"dp": 28, "tp": 28, "pp": 17}
-    top = f"{'':<25}" + "".join(f"  {f' {d} ':-^{spans[d] - 2}}" for d in DIMS)
-    head = (f"{'layout':<19}{'stage':>6}" + f"{'calls':>6}{'ring':>11}{'gloo':>11}" * 2
-            + f"{'calls':>6}{'bytes':>11}")
+    and their KiB, by the ring formula and by gloo's algorithms (a pipeline's sends are
+    the same either way). "dp" is ``fully_shard``'s group; with dp = 1 and cp > 1 it is
+    the cp group, whose columns then hold both."""
+    spans = {"dp": 20, "cp": 20, "tp": 20, "pp": 12}
+    top = (f"{'':<25}" + "".join(f"{f' {d}, KiB ':-^{spans[d] - 1}} " for d in DIMS)).rstrip()
+    head = (f"{'layout':<19}{'stage':>6}" + f"{'calls':>6}{'ring':>7}{'gloo':>7}" * 3
+            + f"{'calls':>6}{'sent':>6}")
     lines = [top, head]
     for run in runs:
         for r in run.stage_ranks():
@@ -60,10 +60,10 @@ def sent_table(runs: list[LayoutRun]) -> str:
                 if d not in r.predicted_ring:
                     cells += f"{'-':>{spans[d]}}"
                 elif d == "pp":
-                    cells += f"{t.calls[d]:>6.0f}{format_bytes(t.ring[d]):>11}"
+                    cells += f"{t.calls[d]:>6.0f}{t.ring[d] / 1024:>6.0f}"
                 else:
-                    cells += (f"{t.calls[d]:>6.0f}{format_bytes(t.ring[d]):>11}"
-                              f"{format_bytes(t.gloo[d]):>11}")
+                    cells += (f"{t.calls[d]:>6.0f}{t.ring[d] / 1024:>7.0f}"
+                              f"{t.gloo[d] / 1024:>7.0f}")
             lines.append(f"{str(run.layout):<19}{r.stage:>6}{cells}")
     return "\n".join(lines)
 

@@ -31,12 +31,12 @@ from helpers.composed.layout import Layout
 from helpers.core.checks import Proof
 from helpers.memory.ledger import KINDS, DeviceMemory
 from helpers.runs.contract import Record
-from helpers.runs.llama_3d.config import SuiteConfig
+from helpers.runs.llama_3d.config import THREE_D, SuiteConfig
 
 EPSILONS = 4
 ACTIVATION_TOLERANCE = 0.01  # see ``ledger``: index tensors and the like, a few hundred bytes
 ADAM_EPS = 1e-8  # torch.optim.AdamW's default
-DIMS = ("dp", "tp", "pp")
+DIMS = ("dp", "cp", "tp", "pp")  # "dp": fully_shard's ranks, dp x cp when cp > 1
 # gloo's headers, in bytes per call on a group of 2 ranks. gloo's TCP transport announces
 # each send with a 48-byte NOTIFY_SEND_READY and prefixes its data with a 48-byte preamble
 # (96 B a send), and answers each posted receive with a 48-byte NOTIFY_RECV_READY
@@ -82,7 +82,7 @@ class RankRecord(Record):
     """One rank of one layout: where it sits, what it held, sent and spent."""
 
     rank: int
-    coords: dict[str, int]  # its index along pp, dp, tp
+    coords: dict[str, int]  # its index along pp, dp, cp, tp
     measured: DeviceMemory  # activations: the peak of the last step, over what it began with
     predicted: DeviceMemory
     held_over: int  # saved-for-backward bytes still alive as the last step began
@@ -99,8 +99,8 @@ class RankRecord(Record):
 
     @property
     def first_of_stage(self) -> bool:
-        """The stage's rank at dp = tp = 0 (its stage's ranks hold the same sizes)."""
-        return self.coords["dp"] == self.coords["tp"] == 0
+        """The stage's rank at dp = cp = tp = 0 (its stage's ranks hold the same sizes)."""
+        return self.coords["dp"] == self.coords.get("cp", 0) == self.coords["tp"] == 0
 
     @property
     def state_ok(self) -> bool:
@@ -167,10 +167,11 @@ class LayoutRun(Record):
     resumed_from: int | None = None  # the checkpoint's step, when it started from one
     attempt: int = 0  # torchrun's restart count when this run finished
     loaded_ok: bool | None = None  # the loaded weights' fingerprint = the checkpoint's
+    cp: int = 1
 
     @property
     def layout(self) -> Layout:
-        return Layout(self.pp, self.dp, self.tp)
+        return Layout(self.pp, self.dp, self.tp, self.cp)
 
     @property
     def loss_diffs(self) -> list[float]:
@@ -262,7 +263,7 @@ class SuiteResult(Record):
         return MeshOrder(
             fsdp_sends_more=all(t.ring["dp"] > t.ring["tp"] for t in both),
             tp_calls_most=all(t.calls["tp"] == max(t.calls.values()) for t in with_tp),
-            full=self.runs[-1].ranks[0].traffic)
+            full=next(run for run in self.runs if run.layout == THREE_D).ranks[0].traffic)
 
 
 @dataclass(frozen=True)
