@@ -1,8 +1,9 @@
-"""The small Llama trained in 3-D (lesson 11): FSDP x tensor + sequence parallel x pipeline.
+"""The small Llama trained in 3-D (lesson 11): FSDP x tensor + sequence parallel x pipeline,
+and context parallelism as a fourth dimension.
 
 Taught: ``data`` (a learnable task made locally: sequences from a fixed random Markov
-chain, the same batch for every layout at every step), ``layout`` (the ``(pp, dp, tp)``
-mesh's sizes, checked; a pipeline stage, tensor- and sequence-parallel with lesson 09's
+chain, the same batch for every layout at every step), ``layout`` (the ``(pp, dp, cp,
+tp)`` mesh's sizes, checked; a pipeline stage, tensor- and sequence-parallel with lesson 09's
 plan, then fully sharded), ``training`` (the 3-D loop every rank runs, with hooks for
 what a harness measures), ``ledger`` (what a rank holds and sends, predicted from the
 shapes), ``checkpoint`` (folders of ``torch.distributed.checkpoint`` that any layout

@@ -1,10 +1,11 @@
 """A layout of the small Llama: pipeline stages x data-parallel shards x context-parallel
 ranks x tensor-parallel ranks.
 
-Ranks form a ``DeviceMesh`` of shape ``(pp, dp, cp, tp)``, the order torchtitan uses. In
-the order torchtitan applies them: the model is cut into ``pp`` stages of whole blocks
-(the first with the embedding, the last with the final norm and the head); every block's
-attention becomes lesson 10's context-parallel attention over ``cp`` (the zig-zag ring);
+Ranks form a ``DeviceMesh`` of shape ``(pp, dp, cp, tp)``, the order torchtitan uses.
+Applied in this order: the model is cut into ``pp`` stages of whole blocks (the first with
+the embedding, the last with the final norm and the head); every block's attention becomes
+lesson 10's context-parallel attention over ``cp`` (the zig-zag ring; torchtitan swaps it
+after tensor parallelism, and the two commute: the swap keeps the projections);
 each stage is split over its ``tp`` ranks by ``parallelize_module`` with lesson 09's plan
 (tensor and sequence parallelism); each block, then the stage, is sharded by
 ``fully_shard`` over ``dp`` and ``cp`` together (a context-parallel rank holds every weight
@@ -55,9 +56,9 @@ class Layout:
 
     @property
     def fsdp_group(self) -> str:
-        """The dimension whose process group carries ``fully_shard``'s traffic: "dp", or
-        "cp" when dp = 1 (dp x cp flattened is then the cp ranks, and PyTorch hands back
-        the cp group itself)."""
+        """The dimension whose ranks ``fully_shard``'s traffic is counted under: "dp", or
+        "cp" when dp = 1 (dp x cp flattened then spans the cp ranks: PyTorch builds a
+        second group over them, and the byte meter names a group by its ranks)."""
         return "cp" if self.cp > 1 and self.dp == 1 else "dp"
 
     def grid(self, ranks: list[int] | None = None) -> torch.Tensor:

@@ -108,7 +108,7 @@ def predicted_sent(config, stage: int, algorithm: str = "ring") -> dict[str, flo
       value: three times (``exp_avg``'s update uses the gradient once, ``exp_avg_sq``'s
       twice, as ``grad * grad``).
     - ``dp``, ``fully_shard``'s ranks (dp x cp with context parallelism, ``d`` ranks in
-      all; counted under ``cp`` when dp = 1, whose group it then is): it all-gathers the
+      all; counted under ``cp`` when dp = 1, whose ranks it then spans): it all-gathers the
       stage's weights (its tensor-parallel pieces, P bytes) for the forward and again for
       the backward (once only under a pipeline: they stay gathered between
       micro-batches), and reduce-scatters their gradients.

@@ -6,27 +6,36 @@ merge, the ring, the all-gather, Ulysses) computes the same sums in other orders
 blockings. Each is bounded to first order in the unit roundoff ``u = 2^-53`` (terms in
 ``u^2`` dropped), with ``gamma(n) = n u / (1 - n u)``, the bound on a sum or dot product of
 ``n`` terms in any order: ``|fl(sum x_i) - sum x_i| <= gamma(n) sum |x_i|`` (Higham,
-*Accuracy and Stability of Numerical Algorithms*, 2nd ed., section 3.1). ``exp``, ``log``
-and a division are taken to round once, by at most ``u`` of their result. For query row
-``i``, key ``j``, scale ``c = 1/sqrt(d)``, the ``n_i`` keys it may see and ``B`` blocks:
+*Accuracy and Stability of Numerical Algorithms*, 2nd ed., section 3.1). An addition,
+product or division rounds by at most ``u`` of its result; ``exp`` and ``log`` by at most
+one ulp, ``2u`` (PyTorch's vectorised float64 ``exp`` and ``log`` are SLEEF's 1-ulp
+functions). For query row ``i``, key ``j``, scale ``c = 1/sqrt(d)`` and the ``n_i`` keys
+the row may see:
 
-- a score ``s_ij = c q_i.k_j`` (q and k may be scaled first, as PyTorch's math kernel does):
-  ``sigma_ij = (gamma(d) + 3u) c |q_i|.|k_j| + u |s_ij|``;
+- a score ``s_ij = c q_i.k_j``, q and k possibly scaled by ``sqrt(c)`` first (PyTorch's
+  math kernel) and ``c`` itself rounded: ``sigma_ij = (gamma(d) + 6u) c |q_i|.|k_j|
+  + u |s_ij|``;
 - a softmax weight ``p_ij``, normalised once, or per block and re-weighted by
   ``exp(lse_b - lse)`` at each merge, or recomputed from the saved ``lse`` in backward:
   relative error ``kappa_i = 2 max_j sigma_ij + gamma(n_i) + u max_j |s_ij - lse_i|
-  + (2B + 4) u (1 + |lse_i|)``, which covers each of these ways;
+  + 2u log(n_i) + (2 n_i + 4) 2u (1 + |lse_i|)``. The last term is a budget, not a
+  count: each merge of two blocks rounds a log, two exps, a product and a sum, some
+  ``u (|lse| + 5)`` in all, and no implementation merges a row more than once per key it
+  sees, whatever its blocking (the ring's ``cp`` or ``2 cp`` pieces, or the CPU kernel's
+  own key blocks);
 - the output ``o_i = sum_j p_ij v_j``: ``(kappa_i + gamma(n_i)) sum_j p_ij |v_j|``;
 - backward, with ``dP_ij = dO_i.v_j`` (``gamma(d) |dO_i|.|v_j|``) and
   ``D_i = dO_i.o_i = sum_j p_ij dP_ij`` (the larger of the two forms' bounds), ``dS_ij =
-  p_ij (dP_ij - D_i)`` errs by ``p_ij ((kappa_i + u) |dP_ij - D_i| + |d dP_ij| + |d D_i|)``;
-  ``dq_i = c sum_j dS_ij k_j``, ``dk_j = c sum_i dS_ij q_i`` and ``dv_j = sum_i p_ij dO_i``
-  (``i`` over every query head sharing the key/value head) each err by their terms'
-  errors plus ``gamma(terms)`` of their absolute sum, plus ``u`` of the result.
+  p_ij (dP_ij - D_i)``, a subtraction then a product, errs by ``p_ij ((kappa_i + 2u)
+  |dP_ij - D_i| + |d dP_ij| + |d D_i|)``;
+- ``dq_i = c sum_j dS_ij k_j`` and ``dk_j = c sum_i dS_ij q_i`` (``i`` over every query
+  head sharing the key/value head) err by their terms' errors plus ``gamma(terms) + u``
+  (the scaling by ``c``) of their absolute sum; ``dv_j = sum_i p_ij dO_i`` by its
+  weights' errors plus ``gamma(terms)`` of its absolute sum.
 
 Two computations that each obey the bound differ by at most twice it. The exact values in
-it are taken from the one-device result (first order). A lost or misplaced block moves a
-value by its own size, about 1: millions of bounds.
+it are recomputed here in float64 (first order). A lost or misplaced block moves a value
+by about its own size, of order 1: some 10^12 bounds.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from dataclasses import dataclass
 import torch
 
 U = 2.0**-53  # float64's unit roundoff (half its epsilon)
+ULP = 2 * U  # what exp and log may be off by, relative
 QUANTITIES = ("out", "dq", "dk", "dv")
 
 
@@ -46,11 +56,11 @@ def gamma(n: int | torch.Tensor) -> float | torch.Tensor:
 
 
 def attention_bounds(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor,
-                     causal: bool, blocks: int) -> dict[str, float]:
+                     causal: bool) -> dict[str, float]:
     """Twice the bound above for each of the output and the gradients of q, k and v (the
-    largest over their elements): how far two computations may differ. Shapes (batch,
-    heads, seq, head_dim), k and v with ``heads / group`` heads; ``blocks``: the most
-    blocks a row is merged from (``cp``)."""
+    largest over their elements): how far two computations may differ, however each
+    blocks its keys. Shapes (batch, heads, seq, head_dim), k and v with ``heads / group``
+    heads."""
     batch, heads, seq, _ = q.shape
     group = heads // k.shape[1]
     mask = torch.ones(seq, seq, dtype=torch.bool, device=q.device)
@@ -62,7 +72,7 @@ def attention_bounds(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: to
         for kv in range(k.shape[1]):
             dk_err = dk_abs = dv_err = dv_abs = 0.0
             for h in range(kv * group, (kv + 1) * group):
-                row = _head(q[b, h], k[b, kv], v[b, kv], dout[b, h], mask, blocks)
+                row = _head(q[b, h], k[b, kv], v[b, kv], dout[b, h], mask)
                 worst["out"] = max(worst["out"], row.out_err.max().item())
                 worst["dq"] = max(worst["dq"], row.dq_err.max().item())
                 dk_err = dk_err + row.c * (row.ds_err.T @ row.aq)  # the terms' own errors
@@ -90,7 +100,7 @@ class _Head:
     ag: torch.Tensor  # |dO|
 
 
-def _head(qi, kj, vj, go, mask, blocks: int) -> _Head:
+def _head(qi, kj, vj, go, mask) -> _Head:
     d = qi.shape[-1]
     c = 1 / math.sqrt(d)
     seen = mask.sum(1, keepdim=True).to(qi.dtype)  # n_i
@@ -98,10 +108,10 @@ def _head(qi, kj, vj, go, mask, blocks: int) -> _Head:
     s = (c * qi @ kj.T).masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(s, -1, keepdim=True)
     p = torch.exp(s - lse)
-    sigma = ((gamma(d) + 3 * U) * c * (aq @ ak.T) + U * s.abs()).masked_fill(~mask, 0)
+    sigma = ((gamma(d) + 6 * U) * c * (aq @ ak.T) + U * s.abs()).masked_fill(~mask, 0)
     gap = (s - lse).abs().masked_fill(~mask, 0)
     kappa = (2 * sigma.amax(-1, keepdim=True) + gamma(seen) + U * gap.amax(-1, keepdim=True)
-             + (2 * blocks + 4) * U * (1 + lse.abs()))
+             + ULP * torch.log(seen) + (2 * seen + 4) * ULP * (1 + lse.abs()))
     o = p @ vj
     out_err = (kappa + gamma(seen)) * (p @ av)
     dp = go @ vj.T
@@ -112,13 +122,11 @@ def _head(qi, kj, vj, go, mask, blocks: int) -> _Head:
                           (kappa + gamma(seen)) * (p * dp.abs()).sum(-1, keepdim=True)
                           + (p * dp_err).sum(-1, keepdim=True))
     ds = p * (dp - big_d)
-    ds_err = p * ((kappa + U) * (dp - big_d).abs() + dp_err + d_err)
-    dq = c * ds @ kj
-    dq_err = c * (ds_err @ ak + gamma(seen) * (ds.abs() @ ak)) + U * dq.abs()
+    ds_err = p * ((kappa + 2 * U) * (dp - big_d).abs() + dp_err + d_err)
+    dq_err = c * (ds_err @ ak + (gamma(seen) + U) * (ds.abs() @ ak))
     return _Head(c, p, kappa, ds, ds_err, out_err, dq_err, aq, ag)
 
 
-def output_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                 blocks: int) -> float:
+def output_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> float:
     """The output's bound alone (no backward)."""
-    return attention_bounds(q, k, v, torch.zeros_like(q), causal, blocks)["out"]
+    return attention_bounds(q, k, v, torch.zeros_like(q), causal)["out"]

@@ -145,7 +145,7 @@ def main(config: CPAttentionConfig, rank: Rank) -> CPAttentionResult:
     sides: list[dict | None] = [None] * cp
     dist.all_gather_object(sides, side.to_dict(), group=group)
     want = reference(*full, config.causal)
-    allowed = attention_bounds(*full, config.causal, cp).values()  # derived, in bounds.py
+    allowed = attention_bounds(*full, config.causal).values()  # derived, in bounds.py
     proofs = [Proof(name, (got - ref).abs().max().item(), bound)
               for name, got, ref, bound in zip(QUANTITIES, gathered, want, allowed, strict=True)]
     shape = config.shape()

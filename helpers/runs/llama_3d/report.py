@@ -46,8 +46,8 @@ def ledger_table(runs: list[LayoutRun]) -> str:
 def sent_table(runs: list[LayoutRun]) -> str:
     """Per layout and stage: the calls one rank issues per step along each mesh dimension
     and their KiB, by the ring formula and by gloo's algorithms (a pipeline's sends are
-    the same either way). "dp" is ``fully_shard``'s group; with dp = 1 and cp > 1 it is
-    the cp group, whose columns then hold both."""
+    the same either way). "dp" is ``fully_shard``'s group; with dp = 1 and cp > 1 it spans
+    the cp ranks, and the cp columns hold both."""
     spans = {"dp": 20, "cp": 20, "tp": 20, "pp": 12}
     top = (f"{'':<25}" + "".join(f"{f' {d}, KiB ':-^{spans[d] - 1}} " for d in DIMS)).rstrip()
     head = (f"{'layout':<19}{'stage':>6}" + f"{'calls':>6}{'ring':>7}{'gloo':>7}" * 3

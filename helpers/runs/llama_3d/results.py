@@ -284,7 +284,7 @@ class MeshOrder:
 
         full = self.full
         return "\n".join([
-            "the 2 x 2 x 2 layout's rank 0, per step, by gloo's algorithms:",
+            "the dp x tp x pp layout's rank 0, per step, by gloo's algorithms:",
             "  " + "; ".join(f"{d} {full.calls[d]:.0f} calls, {format_bytes(full.gloo[d])}"
                              for d in ("tp", "dp", "pp")),
             f"  tp sends {full.gloo['tp'] / full.gloo['pp']:.0f} x the bytes of pp"])

@@ -2,7 +2,7 @@
 
 Starting eight Python processes on two cores takes longer than training the small model,
 so the lesson starts them once and runs the layouts one after another, each on the
-first ``pp x dp x tp`` ranks of the launch (its own ``DeviceMesh``), the other ranks
+first ``pp x dp x cp x tp`` ranks of the launch (its own ``DeviceMesh``), the other ranks
 waiting. Then the checkpoints: the 3-D run saved one after step ``save_step``; the
 ``dp x tp`` layout resumes from it and saves after the next step; the 3-D layout resumes
 from that one, back again. Each of those runs must also equal the one-process run.

@@ -1,7 +1,7 @@
-"""``torchrun --nproc-per-node=P -m helpers.runs.llama_3d.worker --dp D --tp T --pp S ...``.
+"""``torchrun --nproc-per-node=P -m helpers.runs.llama_3d.worker --dp D --tp T --pp S --cp C``.
 
-Trains the small Llama on the Markov task for ``--steps`` AdamW steps on a ``(pp, dp, tp)``
-mesh with the lesson's loop (``helpers.composed.training.train_3d``), measured
+Trains the small Llama on the Markov task for ``--steps`` AdamW steps on a
+``(pp, dp, cp, tp)`` mesh with the lesson's loop (``helpers.composed.training.train_3d``), measured
 (``instrumented``), every step on the same global batch whatever the layout, and prints
 on rank 0 one JSON line with the loss of every step; ``--reference`` adds the one-process
 model's losses with the same flags. ``--checkpoint-dir DIR`` saves a checkpoint after
