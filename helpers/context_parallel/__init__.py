@@ -5,8 +5,9 @@
 - ``ring``: ring attention: keys and values passed round the ranks, forward and backward
 - ``gather``: all-gathered keys and values (Llama 3), and Ulysses' all-to-all to heads
 - ``traffic``: the bytes each rank sends per layer under each variant
+- ``bounds``: how far two float64 computations of one layer may differ, derived
 - ``llama``: the small Llama with context-parallel attention, its loss and gradients
 - ``diagrams``: the pictures, drawn from the ring's plans
 """
 
-TAUGHT = ("diagrams", "gather", "llama", "merge", "ring", "split", "traffic")
+TAUGHT = ("bounds", "diagrams", "gather", "llama", "merge", "ring", "split", "traffic")
