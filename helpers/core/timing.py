@@ -71,6 +71,21 @@ class Timing:
         )
 
 
+class RepeatsInMs:
+    """``mean_ms`` and ``std_ms`` of a record's ``seconds`` (one per timed repeat; NaN and 0
+    when there are none), for a record class to inherit."""
+
+    seconds: list[float]
+
+    @property
+    def mean_ms(self) -> float:
+        return 1e3 * statistics.fmean(self.seconds) if self.seconds else float("nan")
+
+    @property
+    def std_ms(self) -> float:
+        return 1e3 * statistics.stdev(self.seconds) if len(self.seconds) > 1 else 0.0
+
+
 def _rounds(repeats: int, warmup: int, desc: str, unit: str, progress: bool) -> Iterable[int]:
     """The timed repeats (with a live bar when asked and not in a stored run); bad counts refused."""
     if repeats < 1:

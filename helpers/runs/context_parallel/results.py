@@ -27,6 +27,7 @@ import torch
 
 from helpers.context_parallel.traffic import LayerTraffic
 from helpers.core.checks import Proof, Verdict
+from helpers.core.timing import RepeatsInMs
 from helpers.runs.contract import Record
 
 EPS64 = torch.finfo(torch.float64).eps
@@ -40,7 +41,7 @@ def tolerance(terms: int, cp: int, reference: torch.Tensor) -> float:
 
 
 @dataclass(frozen=True)
-class RankSide(Record):
+class RankSide(RepeatsInMs, Record):
     """What one rank counted and measured."""
 
     rank: int
@@ -53,14 +54,6 @@ class RankSide(Record):
     wire_sent: int | None  # bytes its sockets sent for one forward+backward; None: unread
     seconds: list[float]  # each timed forward+backward
     computing: list[float]  # of each, the seconds ring attention computed (not waiting)
-
-    @property
-    def mean_ms(self) -> float:
-        return 1e3 * statistics.fmean(self.seconds) if self.seconds else float("nan")
-
-    @property
-    def std_ms(self) -> float:
-        return 1e3 * statistics.stdev(self.seconds) if len(self.seconds) > 1 else 0.0
 
     @property
     def computing_ms(self) -> float:

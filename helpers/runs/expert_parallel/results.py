@@ -20,7 +20,6 @@ read beside them (gloo adds headers), not judged.
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +27,7 @@ import torch
 from helpers.comm.collectives import ring_bytes
 from helpers.comm.meter import ALL_TO_ALL
 from helpers.core.checks import Proof, Verdict
+from helpers.core.timing import RepeatsInMs
 from helpers.expert_parallel.balance import imbalance
 from helpers.expert_parallel.traffic import EPTraffic, ep_traffic, routing_matrix
 from helpers.runs.contract import Record
@@ -41,7 +41,7 @@ def _nonzero(bytes_per_collective: dict[str, float]) -> dict[str, float]:
 
 
 @dataclass(frozen=True)
-class RankSide(Record):
+class RankSide(RepeatsInMs, Record):
     """What one rank routed, moved, kept, counted and measured."""
 
     rank: int
@@ -62,14 +62,6 @@ class RankSide(Record):
     def dropped(self) -> int:
         """Rows that reached its experts past their capacity."""
         return sum(self.arrived) - sum(self.kept)
-
-    @property
-    def mean_ms(self) -> float:
-        return 1e3 * statistics.fmean(self.seconds) if self.seconds else float("nan")
-
-    @property
-    def std_ms(self) -> float:
-        return 1e3 * statistics.stdev(self.seconds) if len(self.seconds) > 1 else 0.0
 
 
 @dataclass(frozen=True)
