@@ -6,6 +6,9 @@
 - ``traffic``: the bytes each rank sends per step, from the routing
 - ``balance``: how uneven the load is, and DeepSeek-V3's bias update that evens it
 - ``bounds``: how far the expert-parallel layer may differ from one device in float64
+- ``llama``: the small Llama with MoE blocks, its experts split over the data-parallel ranks
+- ``memory``: what one rank holds, predicted from the shapes and its routing
+- ``diagrams``: the pictures, drawn from a real routing and router
 """
 
-TAUGHT = ("balance", "bounds", "dispatch", "moe", "traffic")
+TAUGHT = ("balance", "bounds", "diagrams", "dispatch", "llama", "memory", "moe", "traffic")
