@@ -230,11 +230,15 @@ def test_context_parallelism_composes_with_tp_and_pp_and_trains_the_one_process_
     assert survivors() == []
 
 
+@pytest.mark.twin
+@pytest.mark.torchrun
+@pytest.mark.slow
 def test_a_checkpoint_saved_under_one_layout_resumes_under_another(tmp_path):
     """tp=2 trains 2 steps and saves after each; dp=2 resumes and finishes 4 steps, equal
     to the one-process run; one process loads the checkpoint with the same fingerprint;
-    incomplete folders and other models are refused by name. (The lesson's own round trip
-    is 2 x 2 x 2 -> dp x tp -> 2 x 2 x 2.)"""
+    incomplete folders and other models are refused by name. A twin: lesson 11's launch
+    makes the same round trip (dp x tp x pp -> dp x tp -> dp x tp x pp), loads it in one
+    process and refuses the same folders, all asserted in its cells."""
     first = TrainerConfig(tp=2, steps=2, checkpoint_dir=str(tmp_path), dtype="float64")
     saved = launch(first, timeout=240)
     manifest = check(step_folder(tmp_path, 1), first)
