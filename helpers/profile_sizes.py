@@ -104,7 +104,7 @@ class ContextParallelSizes:
 
 @dataclass(frozen=True)
 class ComposedSizes:
-    """Lesson 11: the small Llama trained in 3-D, every layout on up to 8 ranks."""
+    """Lesson 12: the small Llama trained in 3-D, every layout on up to 8 ranks."""
 
     model: LMConfig
     seq: int

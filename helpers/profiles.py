@@ -103,7 +103,7 @@ class Profile:
 
 def llama(vocab: int, hidden: int, blocks: int, *, ffn: int, heads: int, kv_heads: int
           ) -> LMConfig:
-    """The small Llama of lessons 09, 10 and 11: grouped-query attention and RoPE."""
+    """The small Llama of lessons 09 to 12: grouped-query attention and RoPE."""
     return LMConfig(vocab=vocab, hidden=hidden, blocks=blocks, ffn=ffn, heads=heads,
                     kv_heads=kv_heads, rope=True)
 

@@ -86,7 +86,7 @@ STEPS = (
     ),
     Step(
         "composed",
-        "lesson 11: the small Llama in 3-D (FSDP x TP+SP x 1F1B) on one GPU per rank (NCCL): "
+        "lesson 12: the small Llama in 3-D (FSDP x TP+SP x 1F1B) on one GPU per rank (NCCL): "
         "with 8 GPUs every layout and the checkpoint round trip, with fewer the layouts that "
         "fit, with 1 the one-device run; float64 proofs against one process, ledgers, bytes "
         "per mesh dimension and times recorded",

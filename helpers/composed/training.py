@@ -6,7 +6,7 @@ data-parallel shard takes its rows, and its context-parallel rank its tokens of 
 them (the zig-zag split); the first stage feeds them to the pipeline, the last one
 computes the loss (under ``loss_parallel`` when ``tp > 1``), and the loss of the whole
 batch is reduced over the mesh. A harness attaches from outside through :class:`Hooks`
-(lesson 11's clock, byte counter, memory meter and checkpoints:
+(lesson 12's clock, byte counter, memory meter and checkpoints:
 ``helpers.runs.llama_3d.instrumented``); the loop itself knows none of them.
 """
 

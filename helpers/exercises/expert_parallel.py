@@ -1,5 +1,5 @@
-"""Checkers for the expert-parallelism lesson: EP.1 (the bytes one rank sends in a
-dispatch all-to-all), EP.2 (which assignments capacity drops) and EP.3 (why the experts'
+"""Checkers for the expert-parallelism lesson: 11.1 (the bytes one rank sends in a
+dispatch all-to-all), 11.2 (which assignments capacity drops) and 11.3 (why the experts'
 gradients are not all-reduced while the router's are). Each answer is checked against the
 lesson's own code, run now: ``traffic.ep_traffic``, ``moe.keep_within_capacity``, and a
 two-rank run of ``dispatch.ExpertParallelMoE`` against one device."""
@@ -18,7 +18,7 @@ from helpers.expert_parallel.moe import MoEFFN, MoEShape, keep_within_capacity
 from helpers.expert_parallel.traffic import ep_traffic, routing_matrix
 from helpers.torchrun.in_notebook import run_ranks
 
-# --- EP.1 -----------------------------------------------------------------------------------
+# --- 11.1 -----------------------------------------------------------------------------------
 
 # (counts (ep, E): each rank's rows per expert, hidden, element_bytes); the first tells the
 # usual mistakes apart (E = 2 ep, so an expert's number is not its rank's)
@@ -69,7 +69,7 @@ def _as_number(got: object) -> float:
     return float(got)
 
 
-@checker("EP.1", "Write the body of bytes_sent(counts, rank, hidden, element_bytes), then "
+@checker("11.1", "Write the body of bytes_sent(counts, rank, hidden, element_bytes), then "
          "run this cell again.")
 def check_bytes_sent(bytes_sent) -> str:
     """Bytes one rank sends in the dispatch all-to-all, against ``traffic.ep_traffic``."""
@@ -97,7 +97,7 @@ def check_bytes_sent(bytes_sent) -> str:
             "receives the most sends the most back.")
 
 
-# --- EP.2 -----------------------------------------------------------------------------------
+# --- 11.2 -----------------------------------------------------------------------------------
 
 # (expert choices (T, k), experts, capacity); each token's k experts distinct
 DROP_CASES = (
@@ -147,7 +147,7 @@ def _as_mask(got: object, shape: torch.Size) -> torch.Tensor:
     return mask.bool()
 
 
-@checker("EP.2", "Write the body of capacity_drops(expert_choices, num_experts, capacity), "
+@checker("11.2", "Write the body of capacity_drops(expert_choices, num_experts, capacity), "
          "then run this cell again.")
 def check_capacity_drops(capacity_drops) -> str:
     """Which (token, slot) assignments capacity drops, against ``keep_within_capacity``."""
@@ -171,7 +171,7 @@ def check_capacity_drops(capacity_drops) -> str:
             "so they drop the same ones.")
 
 
-# --- EP.3 -----------------------------------------------------------------------------------
+# --- 11.3 -----------------------------------------------------------------------------------
 
 CHOICES = {
     "a": "An expert's weights are too large to all-reduce every step, so expert parallelism "
@@ -235,7 +235,7 @@ def _within(diff: float) -> str:
     return "exactly" if diff == 0 else f"within {diff:.0e}"
 
 
-@checker("EP.3", "Set why_not_all_reduced to the letter of your answer, then run this cell "
+@checker("11.3", "Set why_not_all_reduced to the letter of your answer, then run this cell "
          "again.")
 def check_why_not_all_reduced(why_not_all_reduced: str) -> str:
     """Why the experts' gradients are not all-reduced over the expert-parallel group."""

@@ -111,7 +111,7 @@ def test_every_step_has_its_function_and_smoke_launches_k2_only():
     from course_tools.gpu_check.steps_pipeline import skip_reason
 
     assert list(step_functions()) == [s.name for s in STEPS]
-    assert STEPS[-1].name == "composed"  # lesson 11, the last lesson
+    assert STEPS[-1].name == "composed"  # lesson 12, the last lesson
     assert skip_reason(4, 2, FULL.cpu_stages).startswith("2 CPU core(s)")  # cores come first
     assert skip_reason(4, 8, FULL.cpu_stages) is None
     assert "--smoke" in skip_reason(4, 8, SMOKE.cpu_stages)

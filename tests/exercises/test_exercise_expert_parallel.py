@@ -1,10 +1,8 @@
-"""Exercises EP.1 to EP.3 (expert parallelism): the reference solutions pass, the usual
+"""Exercises 11.1 to 11.3 (expert parallelism): the reference solutions pass, the usual
 mistakes get their hints, the placeholder is "not solved yet", and the "why" answer is
 backed by a two-rank run against one device."""
 
 from __future__ import annotations
-
-import importlib.util
 
 import pytest
 import torch
@@ -17,23 +15,14 @@ from helpers.exercises.expert_parallel import (
     check_why_not_all_reduced,
     gradient_proof,
 )
-from helpers.exercises.solutions import SOLUTIONS_DIR
+from helpers.exercises.solutions import load_solutions
 from helpers.expert_parallel.moe import keep_within_capacity
 
-CHECKS = {"EP.1": check_bytes_sent, "EP.2": check_capacity_drops,
-          "EP.3": check_why_not_all_reduced}
+CHECKS = {"11.1": check_bytes_sent, "11.2": check_capacity_drops,
+          "11.3": check_why_not_all_reduced}
 
 
-def _solutions():
-    """``solutions/expert_parallel.py`` (not yet numbered: loaded by its path)."""
-    path = SOLUTIONS_DIR / "expert_parallel.py"
-    spec = importlib.util.spec_from_file_location("solutions_expert_parallel", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-SOLUTIONS = _solutions()
+SOLUTIONS = load_solutions("11")
 
 
 @pytest.mark.parametrize("exercise", list(CHECKS))
@@ -47,17 +36,11 @@ def test_the_placeholder_is_not_solved_yet(exercise):
     def unanswered(*args): ...
 
     assert CHECKS[exercise](...).status == "unsolved"
-    if exercise != "EP.3":
+    if exercise != "11.3":
         assert CHECKS[exercise](unanswered).status == "unsolved"
 
 
-def test_every_section_of_the_solutions_file_has_an_answer():
-    text = (SOLUTIONS_DIR / "expert_parallel.py").read_text(encoding="utf-8")
-    assert [line.split()[3].rstrip(":") for line in text.splitlines()
-            if line.startswith("# %% Exercise ")] == list(CHECKS) == list(SOLUTIONS.ANSWERS)
-
-
-# --- EP.1: bytes sent --------------------------------------------------------------------------
+# --- 11.1: bytes sent --------------------------------------------------------------------------
 
 def _sent(pick, scale=lambda h, e: h * e):
     """A bytes_sent that sums ``pick(counts, rank, ep, experts)`` rows."""
@@ -102,7 +85,7 @@ def test_bytes_sent_accepts_a_tensor_or_a_float_of_the_right_value():
     assert check_bytes_sent(lambda *a: float(right(*a))).solved
 
 
-# --- EP.2: capacity drops ----------------------------------------------------------------------
+# --- 11.2: capacity drops ----------------------------------------------------------------------
 
 def _token_major(experts, num, capacity, *, slot_first=False, last=False, kept=False, delta=0):
     order = experts.t() if slot_first else experts
@@ -141,7 +124,7 @@ def test_capacity_accepts_zeros_and_ones():
     assert check_capacity_drops(lambda *a: SOLUTIONS.capacity_drops(*a).long().tolist()).solved
 
 
-# --- EP.3: why the experts' gradients are not all-reduced -------------------------------------
+# --- 11.3: why the experts' gradients are not all-reduced -------------------------------------
 
 def test_the_why_answer_is_what_the_two_rank_run_shows():
     proof = gradient_proof()

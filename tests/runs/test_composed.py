@@ -1,4 +1,4 @@
-"""The small Llama composed over a (pp, dp, tp) mesh (lesson 11): refusals, the taught loop
+"""The small Llama composed over a (pp, dp, tp) mesh (lesson 12): refusals, the taught loop
 without a harness, and launches proving a 3-D layout, a checkpoint that reshards and a
 killed rank against one process.
 
@@ -236,7 +236,7 @@ def test_context_parallelism_composes_with_tp_and_pp_and_trains_the_one_process_
 def test_a_checkpoint_saved_under_one_layout_resumes_under_another(tmp_path):
     """tp=2 trains 2 steps and saves after each; dp=2 resumes and finishes 4 steps, equal
     to the one-process run; one process loads the checkpoint with the same fingerprint;
-    incomplete folders and other models are refused by name. A twin: lesson 11's launch
+    incomplete folders and other models are refused by name. A twin: lesson 12's launch
     makes the same round trip (dp x tp x pp -> dp x tp -> dp x tp x pp), loads it in one
     process and refuses the same folders, all asserted in its cells."""
     first = TrainerConfig(tp=2, steps=2, checkpoint_dir=str(tmp_path), dtype="float64")

@@ -1,4 +1,4 @@
-"""What lesson 11's launches run: one layout (``TrainerConfig``), or every layout at once
+"""What lesson 12's launches run: one layout (``TrainerConfig``), or every layout at once
 (``SuiteConfig``); both share the model, the batch and the run (``ModelRun``)."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 import torch
 
 
-# %% Exercise EP.1: the bytes one rank sends in the dispatch all-to-all
+# %% Exercise 11.1: the bytes one rank sends in the dispatch all-to-all
 def bytes_sent(counts: torch.Tensor, rank: int, hidden: int, element_bytes: int) -> int:
     """``counts`` (ep, E): each rank's (token, slot) rows per expert. Rank r holds experts
     r E/ep to (r+1) E/ep - 1; its rows for those stay home, every other row is sent."""
@@ -14,7 +14,7 @@ def bytes_sent(counts: torch.Tensor, rank: int, hidden: int, element_bytes: int)
     return int(away) * hidden * element_bytes
 
 
-# %% Exercise EP.2: which assignments capacity drops
+# %% Exercise 11.2: which assignments capacity drops
 def capacity_drops(expert_choices: torch.Tensor, num_experts: int,
                    capacity: int) -> torch.Tensor:
     """Walk the (token, slot) assignments in token order, then slot order; each expert
@@ -28,7 +28,7 @@ def capacity_drops(expert_choices: torch.Tensor, num_experts: int,
     return dropped
 
 
-# %% Exercise EP.3: why the experts' gradients are not all-reduced
+# %% Exercise 11.3: why the experts' gradients are not all-reduced
 # Each expert has one copy in the group, and every token routed to it, from every rank,
 # reached it through the dispatch; the combine's backward sent each of those tokens'
 # gradients back to it. Its weight gradient already sums every token: there is nothing to
@@ -36,4 +36,4 @@ def capacity_drops(expert_choices: torch.Tensor, num_experts: int,
 why_not_all_reduced = "b"
 
 
-ANSWERS = {"EP.1": bytes_sent, "EP.2": capacity_drops, "EP.3": why_not_all_reduced}
+ANSWERS = {"11.1": bytes_sent, "11.2": capacity_drops, "11.3": why_not_all_reduced}
