@@ -103,6 +103,24 @@ class ContextParallelSizes:
 
 
 @dataclass(frozen=True)
+class ExpertParallelSizes:
+    """Lesson 11: one MoE layer over ep ranks, then the small Llama as a mixture of experts."""
+
+    layer_tokens: int  # tokens per rank of the launched layer
+    layer_hidden: int
+    layer_ffn: int  # each expert's inner size (SwiGLU)
+    layer_experts: int
+    top_k: int
+    capacity_factor: float  # the launch that drops
+    model: LMConfig  # the MoE Llama's dense parts (its MLPs become MoE layers)
+    moe_ffn: int
+    experts: int
+    batch: int
+    seq: int
+    balance_steps: int  # steps of each balance run (none, aux, bias)
+
+
+@dataclass(frozen=True)
 class ComposedSizes:
     """Lesson 12: the small Llama trained in 3-D, every layout on up to 8 ranks."""
 

@@ -21,6 +21,7 @@ from helpers.profile_sizes import (  # noqa: F401 (re-exported: the lessons' siz
     ComposedSizes,
     ContextParallelSizes,
     DataParallelSizes,
+    ExpertParallelSizes,
     FFNSizes,
     LMSizes,
     PipelineSizes,
@@ -56,13 +57,14 @@ class Profile:
     data_parallel: DataParallelSizes
     transformer_tp: TransformerTPSizes
     context_parallel: ContextParallelSizes
+    expert_parallel: ExpertParallelSizes
     composed: ComposedSizes
 
     def describe(self, topic: str | None = None) -> str:
         """One line naming the profile and the sizes that ``topic`` (a lesson's subject) uses."""
         t, r, p, s, f, m = self.toy, self.resnet, self.pipeline, self.schedules, self.ffn, self.lm
         w, d, x, c = self.wide_ffn, self.data_parallel, self.transformer_tp, self.composed
-        cp = self.context_parallel
+        cp, ep = self.context_parallel, self.expert_parallel
         lm, xm, cm, pm = m.model, x.model, c.model, cp.model
         sizes = {
             "toy": f"toy model {t.inputs} -> {t.hidden} -> {t.outputs}, batch {t.batch}",
@@ -85,6 +87,11 @@ class Profile:
             f"{cp.layer_hidden}, {cp.layer_heads} heads ({cp.layer_kv_heads} key/value); Llama: "
             f"vocab {pm.vocab}, hidden {pm.hidden}, {pm.heads} heads ({pm.kv} key/value), "
             f"{pm.blocks} blocks; batch {cp.batch} x {cp.seq} tokens",
+            "expert_parallel": f"MoE layer of {ep.layer_experts} experts (top-{ep.top_k}), "
+            f"hidden {ep.layer_hidden}, expert MLP {ep.layer_ffn}, {ep.layer_tokens} tokens per "
+            f"rank; MoE Llama: vocab {ep.model.vocab}, hidden {ep.model.hidden}, "
+            f"{ep.model.blocks} blocks of {ep.experts} experts (MLP {ep.moe_ffn}); batch "
+            f"{ep.batch} x {ep.seq} tokens; {ep.balance_steps} steps per balance run",
             "composed": f"Llama: vocab {cm.vocab}, hidden {cm.hidden}, {cm.heads} heads "
             f"({cm.kv} key/value), MLP {cm.ffn}, {cm.blocks} blocks; batch {c.batch} x "
             f"{c.seq} tokens in {c.microbatches} micro-batches; {c.steps} steps",
@@ -129,6 +136,10 @@ PROFILES: dict[str, Profile] = {
         context_parallel=ContextParallelSizes(llama(32, 32, 2, ffn=64, heads=4, kv_heads=2),
                                               seq=16, batch=2, layer_seq=64, layer_hidden=32,
                                               layer_heads=4, layer_kv_heads=2),
+        expert_parallel=ExpertParallelSizes(
+            layer_tokens=16, layer_hidden=32, layer_ffn=32, layer_experts=4,
+            top_k=2, capacity_factor=1.0, model=llama(32, 16, 2, ffn=32, heads=2, kv_heads=1), moe_ffn=24,
+            experts=4, batch=4, seq=8, balance_steps=4),
         composed=ComposedSizes(llama(32, 32, 2, ffn=64, heads=4, kv_heads=2),
                                seq=8, batch=8, microbatches=2, steps=4),
     ),
@@ -146,6 +157,10 @@ PROFILES: dict[str, Profile] = {
         context_parallel=ContextParallelSizes(llama(64, 64, 2, ffn=128, heads=4, kv_heads=2),
                                               seq=32, batch=2, layer_seq=1024, layer_hidden=64,
                                               layer_heads=4, layer_kv_heads=2),
+        expert_parallel=ExpertParallelSizes(
+            layer_tokens=64, layer_hidden=64, layer_ffn=128, layer_experts=4,
+            top_k=2, capacity_factor=1.0, model=llama(64, 32, 2, ffn=64, heads=2, kv_heads=2), moe_ffn=32,
+            experts=16, batch=32, seq=32, balance_steps=40),
         composed=ComposedSizes(llama(64, 64, 4, ffn=128, heads=4, kv_heads=2),
                                seq=16, batch=8, microbatches=2, steps=4),
     ),
@@ -164,6 +179,10 @@ PROFILES: dict[str, Profile] = {
         context_parallel=ContextParallelSizes(llama(1024, 256, 4, ffn=768, heads=8, kv_heads=4),
                                               seq=256, batch=4, layer_seq=4096, layer_hidden=512,
                                               layer_heads=8, layer_kv_heads=4),
+        expert_parallel=ExpertParallelSizes(
+            layer_tokens=1024, layer_hidden=512, layer_ffn=1024, layer_experts=8,
+            top_k=2, capacity_factor=1.0, model=llama(256, 64, 4, ffn=128, heads=4, kv_heads=2), moe_ffn=64,
+            experts=16, batch=32, seq=64, balance_steps=200),
         composed=ComposedSizes(llama(1024, 256, 4, ffn=768, heads=8, kv_heads=4),
                                seq=64, batch=16, microbatches=4, steps=12),
     ),

@@ -54,6 +54,12 @@ def _context_parallel() -> dict:
     return context_parallel_section()
 
 
+def _expert_parallel() -> dict:
+    from course_tools.bench.expert_parallel import expert_parallel_section  # lesson 11
+
+    return expert_parallel_section()
+
+
 def _memory() -> dict:
     from course_tools.bench.memory import memory_section  # lessons 01-08's ledgers
 
@@ -62,7 +68,8 @@ def _memory() -> dict:
 
 SECTIONS: dict[str, Callable[[], dict]] = {
     "pipeline": _pipeline, "schedules": _schedules, "data_parallel": _data_parallel, "tp": _tp,
-    "transformer_tp": _transformer_tp, "context_parallel": _context_parallel, "memory": _memory,
+    "transformer_tp": _transformer_tp, "context_parallel": _context_parallel,
+    "expert_parallel": _expert_parallel, "memory": _memory,
 }
 
 

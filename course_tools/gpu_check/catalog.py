@@ -85,11 +85,22 @@ STEPS = (
         15,
     ),
     Step(
+        "expert_parallel",
+        "lesson 11: one MoE layer (8 experts, top-2) with its experts split over one GPU per "
+        "rank (NCCL; ep 2, then 4 and 8 as the GPUs allow, 1 with one GPU), and at ep 2 with "
+        "a capacity limit and a shared expert: each proven against one process in float64, "
+        "every rank's bytes counted vs predicted from its routing, tokens dropped as one "
+        "process drops them, per-rank all-to-all and pass times",
+        60,
+        12,
+    ),
+    Step(
         "composed",
-        "lesson 12: the small Llama in 3-D (FSDP x TP+SP x 1F1B) on one GPU per rank (NCCL): "
-        "with 8 GPUs every layout and the checkpoint round trip, with fewer the layouts that "
-        "fit, with 1 the one-device run; float64 proofs against one process, ledgers, bytes "
-        "per mesh dimension and times recorded",
+        "lesson 12: the small Llama in 3-D (FSDP x TP+SP x 1F1B) on one GPU per rank (NCCL), "
+        "and its mixture of experts with the experts over the dp ranks (ep x tp x pp): with "
+        "8 GPUs every layout and the checkpoint round trip, with fewer the layouts that fit, "
+        "with 1 the one-device run; float64 proofs against one process, ledgers, bytes per "
+        "mesh dimension and times recorded",
         120,
         20,
     ),
@@ -106,6 +117,7 @@ def step_functions() -> dict[str, StepFunction]:
         steps_composed,
         steps_context_parallel,
         steps_data_parallel,
+        steps_expert_parallel,
         steps_model_parallel,
         steps_pipeline,
         steps_placement,
@@ -115,7 +127,7 @@ def step_functions() -> dict[str, StepFunction]:
 
     modules = (steps_model_parallel, steps_pipeline, steps_placement, steps_data_parallel,
                steps_tensor_parallel, steps_transformer_tp, steps_context_parallel,
-               steps_composed)
+               steps_expert_parallel, steps_composed)
     found = {
         name.removeprefix("step_"): getattr(module, name)
         for module in modules

@@ -1,9 +1,9 @@
-"""Step 11 of ``make gpu-check``: lesson 12's 3-D run (FSDP x tensor + sequence parallel x
-pipeline) on one GPU per rank (NCCL).
+"""The last step of ``make gpu-check``: lesson 12's 3-D run (FSDP x tensor + sequence parallel x
+pipeline, and the MoE model's ep x tp x pp) on one GPU per rank (NCCL).
 
-With 8 GPUs, the lesson's own launch (every layout, the checkpoint round trip) at the full
-profile's sizes; with fewer, each of the lesson's layouts that fits the GPUs, one launch
-each; with one GPU, the one-device run only (nothing is split: the proof checks the code
+With 8 GPUs, the lesson's own launch (every layout, the MoE one included, the checkpoint
+round trip) at the full profile's sizes; with fewer, each of the lesson's layouts that fits
+the GPUs, one launch each; with one GPU, the one-device run only (nothing is split: the proof checks the code
 path on CUDA). Every run's verdict against one process (float64) must hold; the ledgers,
 the calls and their bytes per mesh dimension and times are recorded beside their
 predictions, not judged (other kernels keep other tensors on a GPU); NCCL's traffic does
@@ -55,7 +55,7 @@ def run_figures(run) -> dict:
 def step_composed(ctx: Context, fig: dict) -> None:
     """Lesson 12 on up to 8 GPUs: every layout's proof, ledgers, bytes and times."""
     from helpers.runs.contract import launch
-    from helpers.runs.llama_3d.config import LAYOUTS, SuiteConfig
+    from helpers.runs.llama_3d.config import SuiteConfig
 
     missing = native_api_missing(API)
     if missing:
@@ -68,14 +68,16 @@ def step_composed(ctx: Context, fig: dict) -> None:
                       "seq": suite.seq, "batch": suite.batch})
     if gpus >= 8:
         result = launch(suite)
-        runs = {str(r.layout): r for r in result.runs}
+        runs = {r.name: r for r in result.runs}
         fig["checkpoint_round_trip"] = {"dp x tp resumed from 3-D": run_figures(result.two_d),
                                         "3-D resumed from dp x tp": run_figures(result.back)}
     else:
-        layouts = [lay for lay in LAYOUTS if lay.world_size <= gpus] if gpus else [LAYOUTS[2]]
+        configs = suite.configs()  # the dense layouts, then the MoE one
+        configs = ([c for c in configs if c.layout.world_size <= gpus] if gpus
+                   else [configs[2]])  # tp=2
         if gpus == 1:
             fig["note"] = ONE_GPU_NOTE
-        runs = {str(lay): launch(suite.trainer(lay), timeout=300) for lay in layouts}
+        runs = {c.name: launch(c, timeout=300) for c in configs}
     fig["runs"] = {name: run_figures(run) for name, run in runs.items()}
     for name, f in fig["runs"].items():
         print(f"{name}: ok {f['ok']}, loss |diff| {f['loss_max_diff']:.1e}, weights "

@@ -27,8 +27,9 @@ It listens at one of two places:
   ``torch.distributed``'s collective functions (our code, ``fully_shard``), the functional
   collectives (``DTensor``, ``loss_parallel``) and the pipeline schedule's batches of
   ``isend``/``irecv`` (``pipelining.schedules._batch_p2p``, waited for in
-  ``_wait_batch_p2p``), and any other point-to-point send (``ProcessGroup.send``: a
-  context-parallel ring's), charged as ``"p2p"`` to its group. A collective is timed to its completion (the wrapper waits for it;
+  ``_wait_batch_p2p``), any other point-to-point send (``ProcessGroup.send``: a
+  context-parallel ring's), charged as ``"p2p"`` to its group, and ``all_to_all_single``
+  (an expert-parallel layer's). A collective is timed to its completion (the wrapper waits for it;
   ``synchronize=True`` also waits for the GPU before and after, since NCCL only queues
   it); a pipeline transfer by the time its posting takes plus the time the schedule later
   blocks waiting for it (not the interval between, when computation runs). Time in a
@@ -179,6 +180,25 @@ class CommMeter(TorchDispatchMode):
             return work
         return wrapped
 
+    def _all_to_all_call(self, call):
+        signature = inspect.signature(call)
+
+        @functools.wraps(call)
+        def wrapped(*args, **kwargs):
+            bound = signature.bind(*args, **kwargs).arguments
+            group = bound.get("group") or dist.group.WORLD
+            self._sync()
+            start = time.perf_counter()
+            work = call(*args, **kwargs)
+            if work is not None and hasattr(work, "wait"):  # async_op=True: waited for here
+                work.wait()
+            self._sync()
+            sent = all_to_all_sent(bound["input"], bound.get("input_split_sizes") or [],
+                                   group.rank(), group.size())
+            self.charge(self.group_name(group), ALL_TO_ALL, sent, time.perf_counter() - start)
+            return work
+        return wrapped
+
     def _funcol_call(self, call, kind: str, where: int):
         from torch.distributed import _functional_collectives as funcol
 
@@ -263,6 +283,7 @@ class CommMeter(TorchDispatchMode):
         self._patch(schedules, "_batch_p2p", self._p2p_call)
         self._patch(schedules, "_wait_batch_p2p", self._p2p_wait)
         self._patch(dist.ProcessGroup, "send", self._send_call)
+        self._patch(dist, "all_to_all_single", self._all_to_all_call)
         return self
 
     def __exit__(self, *exc: object) -> None:

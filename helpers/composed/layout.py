@@ -10,7 +10,9 @@ each stage is split over its ``tp`` ranks by ``parallelize_module`` with lesson 
 (tensor and sequence parallelism); each block, then the stage, is sharded by
 ``fully_shard`` over ``dp`` and ``cp`` together (a context-parallel rank holds every weight
 and sees other tokens, so its gradients are summed like a data-parallel rank's); and
-``torch.distributed.pipelining`` runs the stages with a 1F1B schedule.
+``torch.distributed.pipelining`` runs the stages with a 1F1B schedule. A mixture-of-experts
+model has its experts split over ``dp`` first (``experts``), and kept out of the
+tensor-parallel plan and of ``fully_shard``.
 """
 
 from __future__ import annotations
@@ -153,10 +155,19 @@ class StageModule(nn.Module):
 
 
 def build_stage(model: TinyLM, layout: Layout, mesh, stage: int, shards=None) -> StageModule:
-    """Stage ``stage`` of a copy of ``model``: context-parallel over ``mesh["cp"]``,
-    tensor-parallel over ``mesh["tp"]`` (with sequence parallelism) and fully sharded over
-    ``shards`` (default ``mesh["dp"]``; with context parallelism, dp and cp flattened)."""
+    """Stage ``stage`` of a copy of ``model``: its experts, if it has any, split over
+    ``mesh["dp"]``; context-parallel over ``mesh["cp"]``, tensor-parallel over
+    ``mesh["tp"]`` (with sequence parallelism) and fully sharded over ``shards`` (default
+    ``mesh["dp"]``; with context parallelism, dp and cp flattened), the experts left out."""
+    from helpers.composed import experts
+
+    moe = experts.is_moe(model)
+    if moe and (layout.dp < 2 or layout.cp > 1):
+        raise ValueError(f"an MoE model on {layout}; valid: dp >= 2 (the experts are split "
+                         "over the dp ranks) and cp=1")
     model = copy.deepcopy(model)
+    if moe:
+        experts.split_experts(model, mesh["dp"].get_group())
     if layout.cp > 1:
         from helpers.context_parallel.llama import context_parallel
 
@@ -170,6 +181,7 @@ def build_stage(model: TinyLM, layout: Layout, mesh, stage: int, shards=None) ->
         top, block = llama_plans(sequence_parallel=True)
         parallelize_module(module, mesh["tp"],
                            {k: v for k, v in top.items() if getattr(module, k) is not None})
+        block = experts.moe_block_plan(block) if moe else block
         for each in module.blocks.values():
             parallelize_module(each, mesh["tp"], block)
     if layout.shards > 1:
@@ -178,6 +190,7 @@ def build_stage(model: TinyLM, layout: Layout, mesh, stage: int, shards=None) ->
         keep = layout.pp == 1  # under a pipeline the weights stay gathered between micro-batches
         shards = mesh["dp"] if shards is None else shards
         for each in module.blocks.values():
-            fully_shard(each, mesh=shards, reshard_after_forward=keep)
+            fully_shard(each, mesh=shards, reshard_after_forward=keep,
+                        ignored_params=set(experts.expert_parameters(each)))
         fully_shard(module, mesh=shards, reshard_after_forward=keep)
     return module

@@ -18,10 +18,19 @@ extension, which that paper's own comparison questions (§5.2: with twice the GP
 same batch, their tensor + pipeline + data parallelism "outperforms ZeRO-3 by 70%",
 ZeRO-3 without model parallelism, at 175B and 530B parameters): ``zero=(0, 1, 2)``
 searches without ZeRO-3.
+
+A mixture of experts (:class:`~helpers.memory.moe.MoETransformerShape`) adds ``ep``: its
+routed experts split over ``ep`` of the ``dp`` ranks (``ep`` divides ``dp`` and the
+experts). At equal everything else the search takes the smallest ``ep`` that fits
+(:func:`search_key`): a larger one sends each token's copies to more ranks, beyond a node
+once ``ep > 8``.
+:func:`helpers.composed.published_layouts.compare_moe` sets the search beside a published
+MoE layout.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +38,7 @@ from pathlib import Path
 from helpers.core.sizes import format_bytes
 from helpers.memory.fits import ClusterLayout, per_gpu
 from helpers.memory.ledger import DeviceMemory
+from helpers.memory.moe import MoETransformerShape
 from helpers.memory.parameters import ZERO_STAGES, validate_recompute, validate_zero
 from helpers.memory.transformer import TransformerShape
 from helpers.pipeline.events import bubble_theory
@@ -79,6 +89,11 @@ def rule_key(c: Candidate) -> tuple:
     return (c.model_parallel, c.pp, c.bubble, c.recompute, c.zero)
 
 
+def search_key(c: Candidate) -> tuple:
+    """:func:`rule_key`, then the smallest ``ep`` (1 without experts)."""
+    return (*rule_key(c), c.layout.ep)
+
+
 @dataclass(frozen=True)
 class Search:
     """All the layouts tried for one model on one cluster."""
@@ -91,7 +106,7 @@ class Search:
     @property
     def fitting(self) -> list[Candidate]:
         """The layouts whose fullest GPU fits the card, in the rule's order."""
-        return sorted((c for c in self.tried if c.memory.total <= self.gpu_bytes), key=rule_key)
+        return sorted((c for c in self.tried if c.memory.total <= self.gpu_bytes), key=search_key)
 
     @property
     def chosen(self) -> Candidate | None:
@@ -102,21 +117,27 @@ class Search:
     @property
     def least(self) -> Candidate:
         """The layout whose fullest GPU holds the least (the closest when nothing fits)."""
-        return min(self.tried, key=lambda c: (c.memory.total, rule_key(c)))
+        return min(self.tried, key=lambda c: (c.memory.total, search_key(c)))
 
 
 def valid_tp(shape: TransformerShape, per_node: int = GPUS_PER_NODE) -> list[int]:
-    """Tensor-parallel sizes inside one node that divide the heads, the kv heads and the MLP."""
-    return _divisors(math.gcd(per_node, shape.heads, shape.kv, shape.ffn))
+    """Tensor-parallel sizes inside one node that divide the heads, the kv heads and the MLP
+    (and the experts' and shared experts' widths)."""
+    widths = [shape.heads, shape.kv, shape.ffn]
+    if isinstance(shape, MoETransformerShape):
+        widths += [shape.moe_ffn, shape.shared_width]
+    return _divisors(math.gcd(per_node, *widths))
 
 
 def search_layouts(shape: TransformerShape, gpus: int, *, model: str = "", seq: int = 4096,
                    global_batch: int = 1024, micro_batch: int = 1, gpu_bytes: int = CARD,
                    per_node: int = GPUS_PER_NODE, tp: tuple[int, ...] | None = None,
                    zero: tuple[int, ...] = ZERO_STAGES,
-                   recompute: tuple[bool, ...] = (False, True)) -> Search:
+                   recompute: tuple[bool, ...] = (False, True),
+                   ep: tuple[int, ...] | None = None) -> Search:
     """Every layout of ``gpus`` GPUs for mixed-precision Adam, the fitting ones in the rule's
-    order. ``tp``, ``zero``, ``recompute`` narrow the choices tried; tensor-parallel layouts
+    order. ``tp``, ``zero``, ``recompute``, ``ep`` narrow the choices tried (``ep``: the
+    divisors of the experts that divide ``dp``; 1 without experts); tensor-parallel layouts
     use sequence parallelism, and a pipeline runs at least one micro-batch per stage."""
     if not isinstance(shape, TransformerShape):
         raise ValueError(f"shape={shape!r}; valid: a TransformerShape, e.g. LLAMA_70B_SHAPE")
@@ -136,6 +157,11 @@ def search_layouts(shape: TransformerShape, gpus: int, *, model: str = "", seq: 
         validate_zero(stage)
     for flag in recompute:
         validate_recompute(flag)
+    experts = shape.experts if isinstance(shape, MoETransformerShape) else 1
+    for e in ep or ():
+        if type(e) is not int or experts % e:
+            why = f"the divisors of its {experts} experts" if experts > 1 else "no experts"
+            raise ValueError(f"ep={e!r}; valid for this model: {_divisors(experts)} ({why})")
     tried = []
     for t in tp or [d for d in tps if gpus % d == 0]:
         for p in [d for d in _divisors(gpus // t) if d <= shape.blocks]:
@@ -143,12 +169,13 @@ def search_layouts(shape: TransformerShape, gpus: int, *, model: str = "", seq: 
             if global_batch % (d * micro_batch) or global_batch // (d * micro_batch) < p:
                 continue
             m = global_batch // (d * micro_batch)
-            for z in [s for s in zero if d > 1 or s == 0]:
-                for r in recompute:
-                    layout = ClusterLayout("", tp=t, pp=p, dp=d, zero=z, recompute=r)
-                    memory = per_gpu(shape, layout, seq=seq, micro_batch=micro_batch,
-                                     microbatches=m, sequence_parallel=t > 1)
-                    tried.append(Candidate(layout, m, memory))
+            eps = [e for e in ep or _divisors(math.gcd(d, experts)) if d % e == 0]
+            for z, r, e in itertools.product([s for s in zero if d > 1 or s == 0], recompute,
+                                             eps):
+                layout = ClusterLayout("", tp=t, pp=p, dp=d, zero=z, recompute=r, ep=e)
+                memory = per_gpu(shape, layout, seq=seq, micro_batch=micro_batch,
+                                 microbatches=m, sequence_parallel=t > 1)
+                tried.append(Candidate(layout, m, memory))
     if not tried:
         raise ValueError(f"no layout of {gpus} GPUs runs a global batch of {global_batch} in "
                          f"micro-batches of {micro_batch}; valid: a global batch that dp "
@@ -157,9 +184,11 @@ def search_layouts(shape: TransformerShape, gpus: int, *, model: str = "", seq: 
 
 
 def describe(c: Candidate) -> str:
-    """A layout in words, e.g. 'TP 8 x PP 2 x ZeRO-1 4 + recompute'."""
+    """A layout in words, e.g. 'TP 8 x PP 2 x ZeRO-1 4 + recompute', or with experts split
+    over 8 of the data-parallel ranks 'PP 4 x ZeRO-1 16 (EP 8)'."""
     parts = [f"TP {c.tp}" if c.tp > 1 else "", f"PP {c.pp}" if c.pp > 1 else "",
-             f"{SHARDING[c.zero]} {c.dp}" if c.dp > 1 else ""]
+             f"{SHARDING[c.zero]} {c.dp}" + (f" (EP {c.layout.ep})" if c.layout.ep > 1 else "")
+             if c.dp > 1 else ""]
     text = " x ".join(filter(None, parts)) or "one GPU"
     return text + (" + recompute" if c.recompute else "")
 

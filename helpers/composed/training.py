@@ -5,9 +5,10 @@ Every rank of the mesh runs :func:`train_3d` on the same global batch at every s
 data-parallel shard takes its rows, and its context-parallel rank its tokens of each of
 them (the zig-zag split); the first stage feeds them to the pipeline, the last one
 computes the loss (under ``loss_parallel`` when ``tp > 1``), and the loss of the whole
-batch is reduced over the mesh. A harness attaches from outside through :class:`Hooks`
-(lesson 12's clock, byte counter, memory meter and checkpoints:
-``helpers.runs.llama_3d.instrumented``); the loop itself knows none of them.
+batch is reduced over the mesh. With a mixture of experts, the MoE weights' gradients are
+then summed over tp (``experts.reduce_moe_gradients``) before AdamW's step. A harness
+attaches from outside through :class:`Hooks` (lesson 12's clock, byte counter, memory meter
+and checkpoints: ``helpers.runs.llama_3d.instrumented``); the loop itself knows none of them.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from helpers.composed.data import MarkovTask
+from helpers.composed.experts import build_model, reduce_moe_gradients
 from helpers.composed.layout import CP_VARIANT, DIMS, Layout, StageModule, build_stage
-from helpers.models.llama import LMConfig, build_lm
+from helpers.expert_parallel.moe import MoEShape
+from helpers.models.llama import LMConfig
 
 CPU = torch.device("cpu")
 
@@ -44,6 +47,9 @@ class TrainerConfig(Protocol):
 
     @property
     def torch_dtype(self) -> torch.dtype: ...
+
+    @property
+    def moe(self) -> MoEShape | None: ...
 
 
 @dataclass
@@ -118,11 +124,14 @@ def train_3d(config: TrainerConfig, ranks: list[int] | None = None, *,
     shards = mesh["dp"] if layout.cp == 1 else mesh["dp", "cp"]._flatten(layout.fsdp_dim)
     stage, shard = mesh.get_local_rank("pp"), mesh.get_local_rank("dp")
     last = stage == layout.pp - 1
-    model = build_lm(config.model, seed=config.seed).train().to(device=device,
-                                                                dtype=config.torch_dtype)
+    model = build_model(config.model, config.moe, config.seed).train().to(
+        device=device, dtype=config.torch_dtype)
     module = build_stage(model, layout, mesh, stage, shards)
-    state = Trained(mesh, group, module, torch.optim.AdamW(module.parameters(), lr=config.lr),
-                    shards=shards)
+    # the experts stay plain tensors beside DTensors: AdamW one tensor at a time
+    plain = {"foreach": False} if config.moe is not None else {}
+    state = Trained(mesh, group, module,
+                    torch.optim.AdamW(module.parameters(), lr=config.lr, **plain), shards=shards)
+    tp = mesh["tp"].get_group() if config.moe is not None and layout.tp > 1 else None
     if layout.pp > 1:
         schedule = Schedule1F1B(PipelineStage(module, stage, layout.pp, device,
                                               group=mesh["pp"].get_group()),
@@ -144,6 +153,7 @@ def train_3d(config: TrainerConfig, ranks: list[int] | None = None, *,
                                   **({"target": targets, "losses": parts} if last else {}))
                     loss = (torch.stack([whole(p) for p in parts]).mean() if last
                             else torch.zeros((), device=device))
+            reduce_moe_gradients(module, tp, layout.dp)  # nothing to do without experts
             state.optimizer.step()
         total = whole(loss).detach().reshape(1).to(torch.float64) * last
         dist.all_reduce(total, group=group)  # the last stage's dp x cp x tp ranks: their means

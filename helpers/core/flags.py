@@ -177,3 +177,14 @@ def parse(cls: type, prog: str, argv: Sequence[str] | None = None,
           description: str | None = None) -> Any:
     """``cls`` built from the command line ``argv`` (``sys.argv`` when None)."""
     return build(cls, vars(parser_for(cls, prog, description).parse_args(argv)))
+
+
+def require_ints(config: object, least: dict[str, int], *, as_flags: bool = True) -> None:
+    """Raise ValueError naming the first field of ``config`` in ``least`` that is not an
+    integer (a bool is not) at least its bound: ``--name 0; valid: an integer >= 1`` (or
+    ``name=0; ...`` when ``as_flags`` is False)."""
+    for name, bound in least.items():
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < bound:
+            shown = f"{flag(name)} {value!r}" if as_flags else f"{name}={value!r}"
+            raise ValueError(f"{shown}; valid: an integer >= {bound}")

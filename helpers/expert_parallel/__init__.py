@@ -9,6 +9,12 @@
 - ``llama``: the small Llama with MoE blocks, its experts split over the data-parallel ranks
 - ``memory``: what one rank holds, predicted from the shapes and its routing
 - ``diagrams``: the pictures, drawn from a real routing and router
+- ``native``: PyTorch's own tools on gloo ranks: DTensor redistributing the experts'
+  weights (counted against the hand all-to-all), ``all_to_all_single_autograd`` against
+  the course's dispatch
+- ``grouped_mm``: the experts in one ``F.grouped_mm`` call against the loop, on DTensor,
+  and what torch ships for MoE that this CPU refuses, with its exact error
 """
 
-TAUGHT = ("balance", "bounds", "diagrams", "dispatch", "llama", "memory", "moe", "traffic")
+TAUGHT = ("balance", "bounds", "diagrams", "dispatch", "grouped_mm", "llama", "memory", "moe",
+          "native", "traffic")

@@ -10,14 +10,16 @@ layers (:class:`LayerChain`, a ``layer_chain()`` method), or its transformer siz
 list of layers is read as it is.
 
 Data parallelism, ZeRO sharding and activation recomputation are options of the
-transformer estimate (``dp``, ``zero``, ``recompute``); :mod:`helpers.memory.recompute`
+transformer estimate (``dp``, ``zero``, ``recompute``), and so is expert parallelism
+(``ep``) for a mixture of experts (``moe``: :class:`MoETransformerShape`, DeepSeek-V3's and
+Mixtral 8x7B's published shapes); :mod:`helpers.memory.recompute`
 (imported on its own: it loads the timing tools) measures recomputation against it.
 
 Taught (a lesson shows or imports them): ``ledger`` (what a device holds, in bytes),
 ``transformer`` (a Llama shape's memory from its sizes), ``cuts`` (stages of equal memory),
 ``fits`` (what fits a cluster under each split), ``recompute`` (recomputation, measured),
 ``torch_trackers`` (PyTorch's own trackers beside the ledger) and ``plots`` (the ledgers
-drawn). They build on ``estimate``, ``layer_rules``, ``measure``, ``saved``,
+drawn). They build on ``estimate``, ``moe``, ``layer_rules``, ``measure``, ``saved``,
 ``parameters`` and ``optimizers``.
 """
 
@@ -37,6 +39,13 @@ from helpers.memory.ledger import (
     comparison_table,
 )
 from helpers.memory.measure import measure_training_memory
+from helpers.memory.moe import (
+    DEEPSEEK_V3_SHAPE,
+    MIXTRAL_8X7B_SHAPE,
+    PUBLISHED_PARAMETERS,
+    LatentAttention,
+    MoETransformerShape,
+)
 from helpers.memory.optimizers import OPTIMIZERS
 from helpers.memory.parameters import (
     PRECISIONS,
@@ -50,15 +59,20 @@ from helpers.memory.transformer import LLAMA_7B_SHAPE, LLAMA_70B_SHAPE, Transfor
 TAUGHT = ("cuts", "fits", "ledger", "plots", "recompute", "torch_trackers", "transformer")
 
 __all__ = [
+    "DEEPSEEK_V3_SHAPE",
     "LLAMA_70B_SHAPE",
     "LLAMA_7B_SHAPE",
+    "MIXTRAL_8X7B_SHAPE",
     "OPTIMIZERS",
     "PRECISIONS",
+    "PUBLISHED_PARAMETERS",
     "ZERO_STAGES",
     "DeviceMemory",
     "HasTransformerShape",
+    "LatentAttention",
     "LayerChain",
     "Ledger",
+    "MoETransformerShape",
     "SavedTensorMeter",
     "TransformerShape",
     "agreement_table",

@@ -16,6 +16,7 @@ from torch import nn
 
 from helpers.memory.layer_rules import activation_bytes
 from helpers.memory.ledger import Ledger
+from helpers.memory.moe import MoETransformerShape, validate_ep
 from helpers.memory.optimizers import validate_optimizer
 from helpers.memory.parameters import (
     ELEMENT_BYTES,
@@ -92,10 +93,10 @@ def estimate_layers(
 
 
 def _note(precision: str, optimizer: str, tp: int, dp: int, zero: int, recompute: bool,
-          batch: int, seq: int, sp: bool = False, cp: int = 1) -> str:
+          batch: int, seq: int, sp: bool = False, cp: int = 1, ep: int = 1) -> str:
     extras = [f"dp={dp}, ZeRO-{zero}" if dp > 1 or zero else "",
               "recompute" if recompute else "", "sequence parallel" if sp else "",
-              f"cp={cp}" if cp > 1 else ""]
+              f"cp={cp}" if cp > 1 else "", f"ep={ep}" if ep > 1 else ""]
     return ", ".join(["estimated", f"{precision} {optimizer}", f"tp={tp}",
                       *filter(None, extras), f"batch {batch}x{seq}"])
 
@@ -116,8 +117,9 @@ def estimate_transformer(
     recompute: bool = False,
     sequence_parallel: bool = False,
     cp: int = 1,
+    ep: int = 1,
 ) -> Ledger:
-    """A Llama-shaped model's ledger per device.
+    """A Llama-shaped model's ledger per device (a mixture of experts too).
 
     ``stages`` gives the number of blocks on each pipeline stage (default: all on one;
     the first stage also holds the embedding, the last the final norm and head);
@@ -137,6 +139,10 @@ def estimate_transformer(
     ranks each hold ``seq / cp`` tokens of every sequence and every weight: ring attention
     keeps what one device keeps for that many tokens (the all-gathered and Ulysses variants
     keep more, the gathered keys and values).
+
+    A :class:`~helpers.memory.moe.MoETransformerShape` splits its routed experts over
+    ``ep`` of the ``dp`` ranks (``ep`` divides ``dp`` and the experts); its assumptions
+    (a balanced router, ZeRO over ``dp / ep`` for the experts) are :mod:`helpers.memory.moe`'s.
     """
     validate_precision(precision)
     if not isinstance(cp, int) or cp < 1 or seq % cp:
@@ -144,6 +150,8 @@ def estimate_transformer(
     validate_recompute(recompute)
     validate_dp(dp)
     validate_zero(zero)
+    validate_ep(ep, dp, shape)
+    moe = isinstance(shape, MoETransformerShape)
     stages = list(stages or [shape.blocks])
     if sum(stages) != shape.blocks or min(stages) < 1:
         raise ValueError(f"stages {stages} must be >= 1 each and add up to {shape.blocks} blocks")
@@ -155,16 +163,23 @@ def estimate_transformer(
     names = list(names or [f"stage {k}" for k in range(len(stages))])
     for k, blocks in enumerate(stages):
         first, last = k == 0, k == len(stages) - 1
-        numel, tensors, unit = shape.stage_parameters(blocks, first, last)
-        row = sharded_parameter_memory(numel // tp, tensors, optimizer=optimizer,
-                                       precision=precision, dp=dp, zero=zero, unit=unit // tp)
-        kept, extra = shape.stage_activation_bytes(blocks, first, last, tokens=batch * seq // cp,
-                                                   element_size=e, tp=tp, recompute=recompute,
-                                                   seq_parallel=sequence_parallel)
+        acts = {"tokens": batch * seq // cp, "element_size": e, "tp": tp,
+                "recompute": recompute, "seq_parallel": sequence_parallel}
+        if moe:
+            start = sum(stages[:k])
+            row = shape.stage_memory(start, blocks, first, last, optimizer=optimizer,
+                                     precision=precision, tp=tp, dp=dp, ep=ep, zero=zero)
+            kept, extra = shape.moe_stage_activation_bytes(start, blocks, first, last, **acts)
+        else:
+            numel, tensors, unit = shape.stage_parameters(blocks, first, last)
+            row = sharded_parameter_memory(numel // tp, tensors, optimizer=optimizer,
+                                           precision=precision, dp=dp, zero=zero,
+                                           unit=unit // tp)
+            kept, extra = shape.stage_activation_bytes(blocks, first, last, **acts)
         row.activations = kept * in_flight[k] + extra
         rows[names[k]] = row
     return Ledger(rows, note=_note(precision, optimizer, tp, dp, zero, recompute, batch, seq,
-                                   sequence_parallel, cp))
+                                   sequence_parallel, cp, ep))
 
 
 def layers_of(model: object) -> tuple[list[nn.Module], list[int]]:
@@ -204,7 +219,8 @@ def estimate_training_memory(
 
     Llama shapes (a ``TransformerShape``, or a :class:`HasTransformerShape` model) need
     ``seq`` and take :func:`estimate_transformer`'s options (``stages``, ``tp``,
-    ``in_flight``, ``dp``, ``zero``, ``recompute``, ``sequence_parallel``); chains of layers (see :func:`layers_of`) need ``sample_shape`` (one
+    ``in_flight``, ``dp``, ``zero``, ``recompute``, ``sequence_parallel``, ``cp``, ``ep``);
+    chains of layers (see :func:`layers_of`) need ``sample_shape`` (one
     input without the batch) and ``loss`` (``"mse"`` or ``"cross_entropy"``).
     """
     if isinstance(model, (TransformerShape, HasTransformerShape)):

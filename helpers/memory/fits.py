@@ -21,7 +21,9 @@ class ClusterLayout:
 
     ``zero`` shards over the ``dp`` ranks (ZeRO stage 0 to 3; FSDP is 3); ``recompute``
     reruns each block's forward in its backward. Plain data parallelism (``zero`` 0)
-    replicates: its row is one GPU's, whatever the number of copies.
+    replicates: its row is one GPU's, whatever the number of copies. ``ep`` splits a
+    mixture of experts' routed experts over that many of the ``dp`` ranks (it divides
+    ``dp``: the expert-parallel ranks are data-parallel ranks too, and add no GPU).
     """
 
     name: str
@@ -31,6 +33,7 @@ class ClusterLayout:
     dp: int = 1
     zero: int = 0
     recompute: bool = False
+    ep: int = 1
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -40,6 +43,11 @@ class ClusterLayout:
         validate_dp(self.dp)
         validate_zero(self.zero)
         validate_recompute(self.recompute)
+        if isinstance(self.ep, bool) or not isinstance(self.ep, int) or self.ep < 1 \
+                or self.dp % self.ep:
+            raise ValueError(f"ep={self.ep!r} for dp={self.dp}; valid: a divisor of dp "
+                             f"{[d for d in range(1, self.dp + 1) if self.dp % d == 0]} "
+                             "(expert-parallel ranks are borrowed from the data-parallel ones)")
 
     @property
     def gpus(self) -> int:
@@ -83,12 +91,13 @@ def per_gpu(shape: TransformerShape, layout: ClusterLayout, *, seq: int, micro_b
             microbatches: int = 32, precision: str = "mixed", optimizer: str = "adam",
             sequence_parallel: bool = False) -> DeviceMemory:
     """The fullest GPU's ledger (the stage with the largest total) under ``layout``
-    (``sequence_parallel`` with ``tp`` > 1: the norms' tensors split along the sequence)."""
+    (``sequence_parallel`` with ``tp`` > 1: the norms' tensors split along the sequence;
+    a mixture of experts' routed experts split over ``layout.ep``)."""
     ledger = estimate_transformer(
         shape, batch=micro_batch, seq=seq, optimizer=optimizer, precision=precision,
         stages=split_blocks(shape.blocks, layout.pp), tp=layout.tp,
         in_flight=layout.in_flight(microbatches), dp=layout.dp, zero=layout.zero,
-        recompute=layout.recompute, sequence_parallel=sequence_parallel,
+        recompute=layout.recompute, sequence_parallel=sequence_parallel, ep=layout.ep,
     )
     return max(ledger.rows.values(), key=lambda r: r.total)
 

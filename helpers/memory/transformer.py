@@ -56,11 +56,14 @@ class TransformerShape:
         return cls(config.hidden, config.blocks, config.heads, config.ffn, config.vocab,
                    getattr(config, "kv_heads", None), getattr(config, "tied", False))
 
+    def attention_parameters(self) -> tuple[int, int]:
+        """(elements, tensors) of one block's attention: q, k, v, o."""
+        return 2 * self.hidden * self.hidden + 2 * self.hidden * self.kv_width, 4
+
     def block_parameters(self) -> tuple[int, int]:
-        """(elements, tensors) of one block: q, k, v, o, gate, up, down, two norms."""
-        h = self.hidden
-        attn = 2 * h * h + 2 * h * self.kv_width
-        return attn + 3 * h * self.ffn + 2 * h, 9
+        """(elements, tensors) of one block: the attention, gate, up, down, two norms."""
+        attn, tensors = self.attention_parameters()
+        return attn + 3 * self.hidden * self.ffn + 2 * self.hidden, tensors + 5
 
     def embed_parameters(self) -> tuple[int, int]:
         """(elements, tensors) of the token embedding."""

@@ -32,10 +32,10 @@ class Way:
 
 WAYS_TO_CUT = (
     Way("between layers", "model and pipeline parallelism", ("01", "02", "03", "04", "05")),
-    Way("inside layers", "tensor parallelism", ("07", "08", "09")),
+    Way("inside layers", "tensor and expert parallelism", ("07", "08", "09", "11")),
     Way("the data", "data and context parallelism", ("06", "10")),
 )
-ALL_THREE = "11"  # the lesson that combines the three on one mesh
+ALL_THREE = "12"  # the lesson that combines the three on one mesh
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,10 @@ def gloo_group(store: dist.Store, rank: int, world_size: int,
 
 
 def run_ranks(world_size: int, work: Callable[[int, object], object],
-              timeout: float = 60.0) -> list[object]:
-    """``work(rank, group)`` on ``world_size`` threads; each rank's result, or its exception."""
+              timeout: float = 60.0, raise_errors: bool = False) -> list[object]:
+    """``work(rank, group)`` on ``world_size`` threads; each rank's result, or its exception.
+    With ``raise_errors``, the first failed rank's exception (the lowest rank's) is raised
+    instead of returned."""
     if world_size < 1:
         raise ValueError(f"world_size={world_size!r}; valid: an integer >= 1")
     store = dist.HashStore()
@@ -55,6 +57,10 @@ def run_ranks(world_size: int, work: Callable[[int, object], object],
         if thread.is_alive():
             results[rank] = TimeoutError(f"rank {rank} did not finish within {timeout:g} s "
                                          "(a collective that the other ranks never joined?)")
+    if raise_errors:
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
     return results
 
 
@@ -80,10 +86,11 @@ def mesh_groups(rank: int, shape: dict[str, int], store: dist.Store,
 
 
 def run_mesh(shape: dict[str, int], work: Callable[[int, dict], object],
-             timeout: float = 60.0) -> list[object]:
+             timeout: float = 60.0, raise_errors: bool = False) -> list[object]:
     """``work(rank, groups)`` on one thread per rank of a mesh of ``shape`` (e.g.
     ``{"cp": 2, "tp": 2}``, the last dimension innermost); ``groups`` maps each dimension
-    to this rank's group along it. Each rank's result, or its exception."""
+    to this rank's group along it. Each rank's result, or its exception (``raise_errors``:
+    as ``run_ranks``)."""
     world = 1
     for name, size in shape.items():
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
@@ -91,7 +98,7 @@ def run_mesh(shape: dict[str, int], work: Callable[[int, dict], object],
         world *= size
     store = dist.HashStore()
     return run_ranks(world, lambda rank, _: work(rank, mesh_groups(rank, shape, store, timeout)),
-                     timeout)
+                     timeout, raise_errors)
 
 
 @contextlib.contextmanager

@@ -1,5 +1,6 @@
 """The layout search: what it chooses fits, nothing smaller that fits is skipped, its rule's
-order holds, bad input is refused, and the published layouts are read consistently."""
+order holds, bad input is refused, and the published layouts are read consistently; for
+mixtures of experts too, beside DeepSeek-V3's and Megatron-LM's Mixtral layouts."""
 
 from __future__ import annotations
 
@@ -14,16 +15,25 @@ from helpers.composed.layout_search import (
     format_search,
     rule_key,
     search_chart,
+    search_key,
     search_layouts,
     valid_tp,
 )
 from helpers.composed.published_layouts import (
     PUBLISHED,
+    PUBLISHED_MOE,
     PublishedLayout,
     cite,
+    compare_moe,
+    format_moe,
     format_published,
 )
-from helpers.memory import LLAMA_7B_SHAPE, LLAMA_70B_SHAPE
+from helpers.memory import (
+    DEEPSEEK_V3_SHAPE,
+    LLAMA_7B_SHAPE,
+    LLAMA_70B_SHAPE,
+    MIXTRAL_8X7B_SHAPE,
+)
 from helpers.memory.fits import ClusterLayout, per_gpu
 from helpers.memory.ledger import DeviceMemory
 
@@ -199,3 +209,78 @@ def test_published_llama2_70b_layouts_fit_by_the_estimate():
         total = per_gpu(LLAMA_70B_SHAPE, layout, seq=r.seq, micro_batch=r.per_dp,
                         microbatches=1, sequence_parallel=r.tp > 1).total
         assert total <= CARD, (r.source, total / 2**30)
+
+
+def test_the_search_of_a_mixture_of_experts_takes_the_smallest_ep_that_fits():
+    """Mixtral 8x7B on 64 GPUs, 256 sequences per step (Megatron-LM's reference): every
+    fitting layout checked one by one; the rule's choice, then the smallest ep."""
+    search = search_layouts(MIXTRAL_8X7B_SHAPE, 64, global_batch=256)
+    fits = []
+    for tp, pp, zero, r, ep in itertools.product((1, 2, 4, 8), (1, 2, 4, 8, 16, 32), range(4),
+                                                 (False, True), (1, 2, 4, 8)):
+        dp = 64 // (tp * pp)
+        if 64 % (tp * pp) or 256 % dp or 256 // dp < pp or dp % ep or (dp == 1 and zero):
+            continue
+        layout = ClusterLayout("", tp=tp, pp=pp, dp=dp, zero=zero, recompute=r, ep=ep)
+        if per_gpu(MIXTRAL_8X7B_SHAPE, layout, seq=4096, microbatches=256 // dp,
+                   sequence_parallel=tp > 1).total <= CARD:
+            fits.append((tp * pp, pp, r, zero, ep))
+    assert len(fits) == len(search.fitting)
+    chosen = search.chosen
+    assert (chosen.model_parallel, chosen.pp, chosen.recompute, chosen.zero,
+            chosen.layout.ep) == min(fits)
+    assert describe(chosen) == "ZeRO-1 64 (EP 8)"
+    assert [search_key(c) for c in search.fitting] == sorted(map(search_key, search.fitting))
+    assert all(search_key(c) == (*rule_key(c), 1) for c in search_layouts(LLAMA_7B_SHAPE, 8).tried)
+
+
+def test_the_moe_comparisons_against_the_published_layouts():
+    """DeepSeek-V3: 15360 sequences do not split over 2048 data-parallel ranks, so the rule
+    needs tp x pp = 2 and takes TP 2 (PP 2 without TP); its published layout fits only with
+    every block recomputed. Megatron-LM's Mixtral layout fits as it is, with a pipeline the
+    rule does not need."""
+    deepseek, mixtral = (compare_moe(p) for p in PUBLISHED_MOE)
+    assert describe(deepseek.search.chosen) == "TP 2 x ZeRO-1 1024 (EP 32) + recompute"
+    assert describe(deepseek.no_tp.chosen) == "PP 2 x ZeRO-1 1024 (EP 64) + recompute"
+    assert not any(c.model_parallel == 1 for c in deepseek.search.tried)
+    assert [c.memory.total <= CARD for c in deepseek.sized] == [False, True]
+    assert [describe(c) for c in deepseek.sized] == ["PP 16 x ZeRO-1 128 (EP 64)",
+                                                     "PP 16 x ZeRO-1 128 (EP 64) + recompute"]
+    assert mixtral.no_tp is None and describe(mixtral.search.chosen) == "ZeRO-1 64 (EP 8)"
+    assert all(c.memory.total <= CARD for c in mixtral.sized)
+    assert mixtral.sized[0].microbatches == 16 and mixtral.sized[0].layout.ep == 8
+    text = format_moe([deepseek, mixtral])
+    assert max(map(len, text.splitlines())) <= 100
+    assert "514 of 1384 layouts fit" in text and "183.09 GiB  no" in text
+    with pytest.raises(ValueError, match="course_shape='LLAMA_70B_SHAPE'; valid: one of"):
+        compare_moe(PUBLISHED[0])
+
+
+def test_published_moe_layouts_are_consistent_and_pinned():
+    for row in PUBLISHED_MOE:
+        assert row.tp * row.cp * row.pp * row.dp == row.gpus and row.dp % row.ep == 0
+        assert row.per_dp * row.dp == row.global_batch
+        assert row.url.startswith(("https://github.com/", "https://arxiv.org/abs/"))
+        if "github.com" in row.url:
+            assert len(row.url.split("/blob/")[1].split("/")[0]) == 40
+    assert [r.layout() for r in PUBLISHED_MOE] == ["PP 16 x ZeRO-1 128 (EP 64)",
+                                                   "PP 4 x ZeRO-1 16 (EP 8)"]
+    assert "not published" in PUBLISHED_MOE[1].note  # Mixtral's own layout
+    text = format_published(PUBLISHED_MOE)
+    assert "180K H800 GPU hours per trillion tokens" in PUBLISHED_MOE[0].note
+    assert all(cite(r.url) in text for r in PUBLISHED_MOE)
+    assert max(map(len, text.splitlines())) <= 100
+    with pytest.raises(ValueError, match="ep=3 does not divide dp=8; valid: a divisor of dp"):
+        PublishedLayout("x", "u", "m", "h", 8, tp=1, pp=1, dp=8, ep=3, sharding="FSDP",
+                        recompute="")
+
+
+@pytest.mark.parametrize("shape, kwargs, words", [
+    (MIXTRAL_8X7B_SHAPE, {"ep": (3,)}, "ep=3; valid for this model: [1, 2, 4, 8]"),
+    (LLAMA_70B_SHAPE, {"ep": (2,)}, "ep=2; valid for this model: [1]"),
+    (DEEPSEEK_V3_SHAPE, {"tp": (3,)}, "tp=3; valid for this model on 64 GPUs: [1, 2, 4, 8]"),
+])
+def test_bad_moe_search_input_is_refused_with_the_valid_choices(shape, kwargs, words):
+    with pytest.raises(ValueError) as error:
+        search_layouts(shape, 64, **kwargs)
+    assert words in str(error.value)

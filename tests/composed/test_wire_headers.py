@@ -1,5 +1,6 @@
 """gloo's headers per call, read from the sockets of real gloo ranks: the allowance lesson 12's
-wire verdict grants (``results.HEADER_BYTES``), on 2 ranks and, N - 1 times over, on 4."""
+wire verdict grants (``results.HEADER_BYTES``), on 2 ranks and, N - 1 times over, on 4; an
+all-to-all's uneven blocks too, an empty one among them."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from helpers.comm.collectives import all_gather, gloo_bytes, reduce_scatter
+from helpers.comm.collectives import all_gather, all_to_all_sent, gloo_bytes, reduce_scatter
 from helpers.comm.wire import WireMeter, wire_unavailable
 from helpers.runs.llama_3d.results import HEADER_BYTES
 
@@ -26,11 +27,19 @@ def _headers(rank: int, world: int, port: int, out: dict) -> None:
     for size in SIZES:
         full = torch.ones(size // 8, dtype=torch.float64)
         chunk = full[:full.numel() // world].clone()
-        for name in ("all_reduce", "reduce_scatter", "all_gather", "p2p"):
+        # an all-to-all's blocks: uneven, rank 1's to rank 0 empty (still announced)
+        n = full.numel()
+        splits = ([[n // 2, n - n // 2] + [0] * (world - 2), [0] * (world - 1) + [n]]
+                  + [[n] + [0] * (world - 1)] * (world - 2))
+        for name in ("all_reduce", "reduce_scatter", "all_gather", "p2p", "all_to_all"):
             dist.barrier()
             wire = WireMeter()
             with wire:
-                if name == "all_reduce":
+                if name == "all_to_all":
+                    got = torch.empty(sum(s[rank] for s in splits), dtype=torch.float64)
+                    dist.all_to_all_single(got, full.clone(), [s[rank] for s in splits],
+                                           splits[rank])
+                elif name == "all_reduce":
                     dist.all_reduce(full.clone())
                 elif name == "reduce_scatter":
                     reduce_scatter(torch.empty_like(chunk), full.clone())
@@ -38,7 +47,10 @@ def _headers(rank: int, world: int, port: int, out: dict) -> None:
                     all_gather(torch.empty_like(full), chunk)
                 elif rank < 2:  # rank 0 sends to rank 1
                     (dist.send if rank == 0 else dist.recv)(full.clone(), 1 - rank)
-            payload = gloo_bytes(name, world, size) if name != "p2p" else size * (rank == 0)
+            if name == "all_to_all":
+                payload = all_to_all_sent(full, splits[rank], rank, world)
+            else:
+                payload = gloo_bytes(name, world, size) if name != "p2p" else size * (rank == 0)
             seen[size, name] = wire.sent - payload
     out[rank] = seen
     dist.barrier()
@@ -57,7 +69,7 @@ def test_gloo_headers_per_call_are_what_the_wire_verdict_allows(world):
         seen = {rank: dict(out[rank]) for rank in range(world)}
     for size in SIZES:
         for rank in range(world):
-            for name in ("all_reduce", "reduce_scatter", "all_gather"):
+            for name in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all"):
                 assert seen[rank][size, name] == HEADER_BYTES[name] * (world - 1), (rank, size)
         # a send: its notice and its preamble; a receive: its notice (48 B each)
         assert (seen[0][size, "p2p"], seen[1][size, "p2p"]) == (96, 48)

@@ -43,10 +43,7 @@ def _parallel(attention, q, k, v, dout, cp, split, causal):
         out.backward(shard(dout, rank, cp, split))
         return out.detach(), ql.grad, kl.grad, vl.grad
 
-    results = run_ranks(cp, work, timeout=60)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
+    results = run_ranks(cp, work, timeout=60, raise_errors=True)
     return [unshard([r[i] for r in results], cp, split) for i in range(4)]
 
 

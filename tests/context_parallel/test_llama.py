@@ -46,11 +46,7 @@ def _parallel(variant: str, cp: int):
         torch.distributed.all_reduce(total, group=group)
         return total.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
-    results = run_ranks(cp, work, timeout=60)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-    return results
+    return run_ranks(cp, work, timeout=60, raise_errors=True)
 
 
 @pytest.mark.parametrize("cp", [2, 4])
@@ -99,7 +95,5 @@ def test_context_and_tensor_parallelism_on_four_ranks_equal_one_process(variant)
                     for n, p in shard.named_parameters())
         return abs(total.item() - loss), worst
 
-    for result in run_mesh({"cp": 2, "tp": 2}, work):
-        if isinstance(result, BaseException):
-            raise result
+    for result in run_mesh({"cp": 2, "tp": 2}, work, raise_errors=True):
         assert result[0] < TOL and result[1] < TOL

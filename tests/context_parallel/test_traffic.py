@@ -34,11 +34,7 @@ def _counted(variant: str, cp: int):
             out.backward(torch.ones_like(out))
         return forward, backward
 
-    results = run_ranks(cp, work, timeout=60)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-    return results
+    return run_ranks(cp, work, timeout=60, raise_errors=True)
 
 
 @pytest.mark.parametrize("cp", [2, 4])

@@ -112,6 +112,8 @@ def test_every_step_has_its_function_and_smoke_launches_k2_only():
 
     assert list(step_functions()) == [s.name for s in STEPS]
     assert STEPS[-1].name == "composed"  # lesson 12, the last lesson
+    names = [s.name for s in STEPS]  # lessons 10 and 11 in order, just before it
+    assert names[-3:] == ["context_parallel", "expert_parallel", "composed"]
     assert skip_reason(4, 2, FULL.cpu_stages).startswith("2 CPU core(s)")  # cores come first
     assert skip_reason(4, 8, FULL.cpu_stages) is None
     assert "--smoke" in skip_reason(4, 8, SMOKE.cpu_stages)
@@ -178,6 +180,15 @@ def test_smoke_run_passes_every_step(tmp_path):
     assert list(cp["runs"]) == ["zigzag", "allgather"] and all(
         r["proven"] and r["bytes_as_predicted"] for r in cp["runs"].values())
     assert cp["runs"]["zigzag"]["native"]["ran"] is False  # no CPU kernel in its ring
+    ep = {s["name"]: s for s in doc["steps"]}["expert_parallel"]["figures"]
+    assert ep["ep"] == [2] and list(ep["runs"]) == ["ep=2, capacity 1.0, shared"]
+    run = ep["runs"]["ep=2, capacity 1.0, shared"]
+    assert run["proven"] and run["bytes_as_predicted"] and run["drops_as_one_device"]
+    assert all(r["all_to_all_bytes"] == r["predicted_all_to_all_bytes"] > 0
+               for r in run["ranks"])
+    assert {(c["call"], c["who"]) for c in run["all_to_all"]["calls"]} == {
+        (call, who) for call in ("dispatch", "combine")
+        for who in ("rank 0", "rank 1", "slowest rank")}
     composed = {s["name"]: s for s in doc["steps"]}["composed"]["figures"]
     assert list(composed["runs"]) == ["tp=2"] and composed["runs"]["tp=2"]["ok"]
     assert composed["runs"]["tp=2"]["sent_ok_all_ranks"] and composed["dtype"] == "float64"
@@ -312,3 +323,55 @@ def test_the_transformer_tp_step_at_tp_one(monkeypatch, tmp_path):
         assert mode["sent_bytes"]["total"]["measured"] == 0 and mode["held_elements"]["match"]
         assert mode["kept_bytes_per_part"]["difference"] == {}  # the hand split at tp=1, exactly
     assert set(fig["timing"]) == {"TP", "TP + SP", "one process"}
+
+
+def test_the_expert_parallel_step_takes_ep_from_the_gpus():
+    """ep 2, 4, 8 as far as the GPUs go; one GPU gives ep 1; the CPU rehearsal ep 2. The
+    full run launches each ep and, at the first, the capacity launch; --smoke that only."""
+    from course_tools.gpu_check.steps_expert_parallel import configs, ep_sizes
+
+    assert [ep_sizes(g) for g in (0, 1, 2, 3, 4, 7, 8, 16)] == [
+        (2,), (1,), (2,), (2,), (2, 4), (2, 4), (2, 4, 8), (2, 4, 8)]
+    with pytest.raises(ValueError, match=r"gpus=-1; valid: an integer >= 0"):
+        ep_sizes(-1)
+    full = configs((2, 4), "cuda", smoke=False)
+    assert list(full) == ["ep=2", "ep=4", "ep=2, capacity 1.0, shared"]
+    assert [(c.ep, c.device, c.capacity_factor, c.shared) for c in full.values()] == [
+        (2, "cuda", None, False), (4, "cuda", None, False), (2, "cuda", 1.0, True)]
+    smoke = configs((2,), "cpu", smoke=True)
+    assert list(smoke) == ["ep=2, capacity 1.0, shared"]
+    for config in (*full.values(), *smoke.values()):
+        config.validate(config.ep)  # every size a valid launch
+
+
+def test_the_expert_parallel_step_skips_with_the_reason_on_a_torch_without_its_api(
+        monkeypatch):
+    from course_tools.gpu_check import steps_expert_parallel as step
+    from course_tools.gpu_check.context import SMOKE, Context
+
+    monkeypatch.setattr(step, "API", (("torch.distributed", "no_such_all_to_all"),))
+    with pytest.raises(StepSkipped, match=r"lacks torch.distributed.no_such_all_to_all"):
+        step.step_expert_parallel(Context(Path("results"), True, SMOKE, "cpu", {}), {})
+
+
+@pytest.mark.torchrun
+@pytest.mark.slow
+@pytest.mark.gpu_smoke
+def test_the_expert_parallel_step_at_ep_one(monkeypatch, tmp_path):
+    """One GPU gives ep=1: every expert on the one rank, nothing sent and nothing to time,
+    the proofs and the drops still against one process, and the note says why (here on one
+    gloo rank, the same code path)."""
+    from course_tools.gpu_check import steps_expert_parallel as step
+    from course_tools.gpu_check.context import SMOKE, Context
+
+    monkeypatch.setattr(step, "ep_sizes", lambda gpus: (1,))
+    fig = {}
+    step.step_expert_parallel(Context(tmp_path, True, SMOKE, "cpu", {}), fig)
+    json.dumps(fig, allow_nan=False)
+    assert fig["ep"] == [1] and "ep=1" in fig["note"]
+    (run,) = fig["runs"].values()
+    assert run["proven"] and run["bytes_as_predicted"] and run["drops_as_one_device"]
+    (rank,) = run["ranks"]
+    assert rank["experts"] == list(range(step.SMOKE["experts"]))
+    assert rank["all_to_all_bytes"] == rank["predicted_all_to_all_bytes"] == 0
+    assert "no all-to-all to time" in run["all_to_all"]["note"]

@@ -50,13 +50,6 @@ from helpers.torchrun.in_notebook import registered, run_ranks
 TINY = lm_config(vocab=64, hidden=16, blocks=2)  # a block (4,128 weights) outweighs the head
 
 
-def _ok(results: list) -> list:
-    for r in results:
-        if isinstance(r, BaseException):
-            raise r
-    return results
-
-
 def test_ring_bytes_follow_the_ring_and_refuse_bad_input():
     assert ring_bytes("all_reduce", 4, 1000) == 1500
     assert ring_bytes("reduce_scatter", 4, 1000) + ring_bytes("all_gather", 4, 1000) == 1500
@@ -90,7 +83,7 @@ def test_each_collective_computes_what_it_says_and_is_counted(world_size):
                          counter.per_collective.ring[name], counter.per_collective.calls[name])
         return out
 
-    for result in _ok(run_ranks(world_size, work)):
+    for result in run_ranks(world_size, work, raise_errors=True):
         for name, (equal, sent, calls) in result.items():
             assert equal, name
             assert calls == 1 and sent == ring_bytes(name, world_size, 16 * world_size), name
@@ -107,7 +100,7 @@ def test_the_clock_at_the_doors_counts_what_the_dispatcher_counts():
         return counter.per_collective
 
     with CommMeter(timed=True) as clock:
-        counted = _ok(run_ranks(2, work))
+        counted = run_ranks(2, work, raise_errors=True)
     for what in ("calls", "ring", "gloo"):
         both = sum((getattr(c, what) for c in counted), Counter())
         assert getattr(clock.per_collective, what) == both, what
@@ -159,7 +152,7 @@ def test_group_of_threads_is_real():
         dist.all_reduce(t, group=group)
         return t.item()
 
-    assert _ok(run_ranks(2, work)) == [3.0, 3.0]
+    assert run_ranks(2, work, raise_errors=True) == [3.0, 3.0]
 
 
 UNITS = {"embed": [400], "blocks.0": [100, 300], "norm+head": [16, 400]}  # float32 bytes
@@ -220,7 +213,7 @@ def test_the_call_log_lists_each_collective_with_its_full_size_and_the_timed_cal
                     collective_call(name, 2, 64, torch.device("cpu"), group)()
             return log.issued
 
-    for issued in _ok(run_ranks(2, work)):
+    for issued in run_ranks(2, work, raise_errors=True):
         assert issued == [(name, 64) for name in COLLECTIVES]
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from helpers.expert_parallel import dispatch as dispatch_module
 from helpers.expert_parallel.bounds import bound_ratios, moe_bounds
@@ -16,10 +15,10 @@ from helpers.expert_parallel.dispatch import (
     ExpertParallelMoE,
     expert_range,
     permute,
-    sum_replicated_grads,
     unpermute,
 )
 from helpers.expert_parallel.moe import MoEFFN, MoEShape, Router
+from helpers.runs.expert_parallel.thread_runs import layer_on_one_device, layer_on_ranks
 from helpers.torchrun.in_notebook import run_ranks
 
 HIDDEN, FFN, EXPERTS, SEQ = 16, 24, 8, 8
@@ -36,46 +35,12 @@ def _setup(top_k: int, capacity_factor: float | None, shared: bool, ep: int,
     return moe, x, dout  # (batch, seq, hidden): rank r holds batch rows 2r and 2r + 1
 
 
-def _grads(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {n: torch.zeros_like(p) if p.grad is None else p.grad.clone()
-            for n, p in module.named_parameters()}
-
-
 def _one_device(moe: MoEFFN, x, dout) -> dict[str, torch.Tensor]:
-    moe.zero_grad(set_to_none=True)
-    xx = x.clone().requires_grad_()
-    out, aux = moe(xx)
-    ((out * dout).sum() + aux).backward()
-    return {"out": out.detach(), "aux": aux.detach(), "input": xx.grad, **_grads(moe)}
+    return layer_on_one_device(moe, x, dout)
 
 
 def _expert_parallel(moe: MoEFFN, x, dout, ep: int):
-    def work(rank, group):
-        layer = ExpertParallelMoE(moe, group)
-        mine = x.chunk(ep)[rank].clone().requires_grad_()
-        out, aux = layer(mine)
-        ((out * dout.chunk(ep)[rank]).sum() + aux).backward()
-        sum_replicated_grads(layer)
-        total = aux.detach().clone()
-        dist.all_reduce(total, group=group)
-        return out.detach(), total, mine.grad, _grads(layer), layer.last_splits
-
-    results = run_ranks(ep, work, timeout=60)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-    got = {"out": torch.cat([r[0] for r in results]), "aux": results[0][1],
-           "input": torch.cat([r[2] for r in results])}
-    for rank, result in enumerate(results):
-        for name, grad in result[3].items():
-            if name.startswith("experts."):
-                assert int(name.split(".")[1]) in expert_range(EXPERTS, ep, rank)
-                got[name] = grad
-            elif rank == 0:
-                got[name] = grad
-            else:  # every rank holds the same summed router and shared gradients
-                assert torch.equal(grad, got[name]), name
-    return got, [r[4] for r in results]
+    return layer_on_ranks(moe, x, dout, ep)
 
 
 CASES = [(1, None, False), (1, 1.0, True), (2, None, True), (2, 1.0, False)]

@@ -6,31 +6,22 @@ capacity dropping."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
 from helpers.expert_parallel.llama import (
-    batch_rows,
-    expert_parallel,
     moe_layers,
     moe_llama,
-    rank_loss,
-    reduce_gradients,
 )
 from helpers.expert_parallel.memory import (
     LayerLoad,
     balanced_load,
     ep_rank_memory,
-    held,
-    layer_load,
     parameter_counts,
 )
 from helpers.expert_parallel.moe import MoEShape
-from helpers.memory.saved import SavedTensorMeter
 from helpers.models.llama import LMConfig
-from helpers.torchrun.in_notebook import run_ranks
+from helpers.runs.expert_parallel.thread_runs import memory_on_ranks
 
 LM = LMConfig(vocab=40, hidden=16, blocks=2, ffn=32, heads=2, kv_heads=1, rope=True)
 BATCH, SEQ = 4, 8
@@ -46,24 +37,7 @@ def _measure(shape: MoEShape, ep: int, model=None, shift: int = -1) -> list:
     ``shape``) on ep ranks; the targets are the ids rolled by ``shift``."""
     model = moe_llama(LM, shape, seed=0).double() if model is None else model
     ids = torch.randint(0, LM.vocab, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
-
-    def work(rank, group):
-        mine = expert_parallel(copy.deepcopy(model), group)
-        opt = torch.optim.AdamW(mine.parameters(), lr=1e-3)
-        with SavedTensorMeter(mine) as meter:
-            loss = rank_loss(mine, mine(batch_rows(ids, group)),
-                             batch_rows(torch.roll(ids, shift, 1), group), 0.01)
-            kept = meter.live_bytes  # at the loss: everything backward will need
-        loss.backward()
-        reduce_gradients(mine, group)
-        opt.step()
-        return held(mine, opt, kept), [layer_load(m) for m in moe_layers(mine)]
-
-    results = run_ranks(ep, work, timeout=60)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-    return results
+    return memory_on_ranks(model, ids, torch.roll(ids, shift, 1), ep)
 
 
 @pytest.mark.parametrize("ep", [1, 2])

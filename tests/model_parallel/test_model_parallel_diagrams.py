@@ -33,7 +33,7 @@ def _lesson(number: str) -> str:
 def test_the_course_map_names_every_lesson_once_and_by_its_topic():
     named = [n for way in WAYS_TO_CUT for n in way.lessons] + [ALL_THREE]
     assert sorted(named) == [p.stem[:2] for p in lessons()]
-    topics = {"inside layers": ("tensor_parallel",), "the data": ("data_parallel",
+    topics = {"inside layers": ("tensor_parallel", "expert_parallel"), "the data": ("data_parallel",
                                                                   "context_parallel")}
     for way in WAYS_TO_CUT:
         if way.cut in topics:

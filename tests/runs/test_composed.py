@@ -1,6 +1,6 @@
 """The small Llama composed over a (pp, dp, tp) mesh (lesson 12): refusals, the taught loop
-without a harness, and launches proving a 3-D layout, a checkpoint that reshards and a
-killed rank against one process.
+without a harness, and launches proving a 3-D layout, its MoE twin (experts over dp), a
+checkpoint that reshards and a killed rank against one process.
 
 The verdicts are ``results.LayoutRun``'s (its tolerances are named there); these tests
 check that they are reached, and what a verdict alone would not say (which step a run
@@ -49,6 +49,16 @@ def other_model(config: TrainerConfig, **change: object) -> TrainerConfig:
         ({"dp": 2, "kill_rank": 1, "kill_step": 1}, 2, ["--resume"]),
         ({"kill_rank": 4, "kill_step": 1, "checkpoint_dir": "x", "resume": True}, 1,
          ["a rank below 1"]),
+        ({"experts": 4, "tp": 2}, 2, ["--experts 4 with --dp 1", "valid: --dp 2 or more"]),
+        ({"experts": 3, "dp": 2}, 2, ["--experts 3 is not divisible by ep = --dp 2",
+                                      "valid --dp: [3]"]),
+        ({"experts": 4, "top_k": 5, "dp": 2}, 2, ["--top-k 5", "valid: [1, 2, 4]",
+                                                    "at most --experts 4"]),
+        ({"experts": 4, "top_k": 0, "dp": 2}, 2, ["--top-k 0", "valid: [1, 2, 4]"]),
+        ({"experts": 4, "top_k": 3, "dp": 2}, 2, ["--top-k 3", "dividing ffn=128"]),
+        ({"experts": -1}, 1, ["--experts -1", "an integer >= 0"]),
+        ({"experts": 4, "dp": 2, "cp": 2}, 4, ["--cp 2", "valid: --cp 1"]),
+        ({"experts": 4, "dp": 2, "checkpoint_dir": "x"}, 2, ["--checkpoint-dir", "--experts 0"]),
     ],
 )
 def test_bad_layouts_are_refused_with_the_valid_choices(change, world, named):
@@ -70,6 +80,13 @@ def test_layout_names_and_flags_round_trip():
     config = TrainerConfig(dp=2, pp=2, reference=True, dtype="float64", kill_rank=1,
                            kill_step=2, checkpoint_dir="d", resume=True)
     assert TrainerConfig.from_args(config.args()) == config
+    moe = TrainerConfig.from_args(["--dp", "2", "--tp", "2", "--pp", "2", "--experts", "4",
+                                   "--top-k", "1"])
+    assert (moe.experts, moe.top_k, moe.name) == (4, 1, "ep=2 x tp=2 x pp=2")
+    assert moe.moe.experts == 4 and TrainerConfig().moe is None
+    assert [c.name for c in SuiteConfig().configs()][-1] == "ep=2 x tp=2 x pp=2"
+    assert all(not c.experts for c in SuiteConfig().configs()[:-1])
+    assert len(SuiteConfig(experts=0).configs()) == len(SuiteConfig().configs()) - 1
     suite = SuiteConfig(steps=6, dtype="float32", **SMALL)
     assert SuiteConfig.from_args(suite.args()) == suite
     assert "--model-kv-heads" in suite.args()
@@ -95,14 +112,17 @@ def test_the_case_for_tp_innermost_fails_when_tp_sends_more_or_calls_less():
         return SimpleNamespace(traffic=Traffic(calls, ring, gloo, {}, None))
 
     full = rank({"tp": 40, "dp": 6, "pp": 3}, {"tp": 290.0, "dp": 306.0, "pp": 16.0})
-    three_d = SimpleNamespace(ranks=[full], layout=THREE_D)
+    three_d = SimpleNamespace(ranks=[full], layout=THREE_D, experts=0)
     order = SuiteResult.mesh_order(SimpleNamespace(runs=[three_d]))
     assert order.ok and str(order).endswith("tp sends 18 x the bytes of pp")
     tp_heavier = rank({"tp": 40, "dp": 6}, {"tp": 400.0, "dp": 306.0})
     fewer_calls = rank({"tp": 4, "dp": 6}, {"tp": 290.0, "dp": 306.0})
     for planted in (tp_heavier, fewer_calls):
-        runs = [SimpleNamespace(ranks=[planted], layout=Layout(dp=2, tp=2)), three_d]
+        runs = [SimpleNamespace(ranks=[planted], layout=Layout(dp=2, tp=2), experts=0), three_d]
         assert not SuiteResult.mesh_order(SimpleNamespace(runs=runs)).ok
+    # the MoE layout's all-to-alls make dp the busier dimension: its case is told apart
+    moe = SimpleNamespace(ranks=[fewer_calls], layout=THREE_D, experts=4)
+    assert SuiteResult.mesh_order(SimpleNamespace(runs=[moe, three_d])).ok
 
 
 def test_each_claim_is_one_verdict_that_a_planted_error_fails():
@@ -227,6 +247,30 @@ def test_context_parallelism_composes_with_tp_and_pp_and_trains_the_one_process_
     assert all(set(r.traffic.ring) == {"cp", "tp", "pp"} for r in run.ranks)
     assert {r.coords["cp"] for r in run.ranks} == {0, 1}
     assert all(r.traffic.kinds.get("p2p", 0) > 3 for r in run.ranks)  # the ring's sends too
+    assert survivors() == []
+
+
+@pytest.mark.twin
+@pytest.mark.torchrun
+@pytest.mark.slow
+def test_experts_over_dp_compose_with_tp_and_pp_and_train_the_one_process_model():
+    """ep x tp x pp = 2 x 2 x 2 on 8 ranks, float64, the MoE model (4 experts, top-2): its
+    experts split over the dp ranks, equal to the one-process MoE model; every rank's
+    state to the byte (its two experts of each block whole), its activations from its
+    routing, its bytes per dimension as predicted (the all-to-alls from its routing
+    counts, beside FSDP's), its wire within gloo's headers. A twin: lesson 12's launch
+    trains the same layout, asserted in its cells."""
+    from helpers.comm.wire import wire_unavailable
+
+    run = launch(TrainerConfig(dp=2, tp=2, pp=2, experts=4, top_k=2, steps=3,
+                               dtype="float64", **SMALL), timeout=300)
+    assert run.ok, run.report()
+    assert run.name == "ep=2 x tp=2 x pp=2" and run.experts == 4 and len(run.ranks) == 8
+    assert run.weights_compared == run.parameters
+    assert all(r.state_ok and r.sizes_ok and r.ledger_ok for r in run.ranks)
+    assert all(r.wire_ok is (None if wire_unavailable() else True) for r in run.ranks)
+    assert all(r.traffic.kinds["all_to_all"] > 0 and r.held_over == 0 for r in run.ranks)
+    assert all(set(r.traffic.ring) == {"dp", "tp", "pp"} for r in run.ranks)
     assert survivors() == []
 
 

@@ -149,17 +149,62 @@ def test_every_entry_point_exits_one_way(module: str) -> None:
     assert calls & {"serve", "run_worker"}, f"{module} ends through {sorted(calls)}"
 
 
-@pytest.mark.parametrize("module", [m for m in entry_points() if m.startswith("helpers.runs.")]
-                         + ["helpers.tp_demo"])
-def test_every_entry_point_help_lists_its_flags(module: str) -> None:
-    out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True,
-                         text=True, cwd=ROOT, timeout=120)
+HELP_MODULES = [m for m in entry_points() if m.startswith("helpers.runs.")] + ["helpers.tp_demo"]
+# One interpreter imports torch once, then forks a child per module that runs it as
+# ``python -m module --help`` would (runpy, as __main__), its output on a pipe: each child
+# ends through the module's own exit path, without paying torch's import again.
+_HELP_ALL = """
+import json, os, runpy, sys
+import torch  # noqa: F401 (imported once, before the forks)
+found = {}
+for module in sys.argv[1:]:
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        os.dup2(write, 1)
+        os.dup2(write, 2)
+        sys.argv = [module, "--help"]
+        code = 0
+        try:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        except BaseException:
+            import traceback
+            traceback.print_exc()
+            code = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        text = pipe.read()
+    found[module] = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), text]
+print(json.dumps(found))
+"""
+
+
+@pytest.fixture(scope="module")
+def helps() -> dict[str, tuple[int, str]]:
+    """Each entry point's ``--help``: (exit code, output)."""
+    import json
+
+    out = subprocess.run([sys.executable, "-c", _HELP_ALL, *HELP_MODULES], capture_output=True,
+                         text=True, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr
-    lines = [ln for ln in out.stdout.splitlines() if ln.strip().startswith("--")]
-    assert lines, out.stdout
+    return {m: tuple(v) for m, v in json.loads(out.stdout.splitlines()[-1]).items()}
+
+
+@pytest.mark.parametrize("module", HELP_MODULES)
+def test_every_entry_point_help_lists_its_flags(module: str, helps) -> None:
+    code, stdout = helps[module]
+    assert code == 0, stdout
+    lines = [ln for ln in stdout.splitlines() if ln.strip().startswith("--")]
+    assert lines, stdout
     undescribed = [ln for ln in lines if len(ln.split()) < 2 and "--help" not in ln]
     # argparse puts a long flag's help on the next line: check each flag has text after it
-    text = out.stdout
+    text = stdout
     for ln in undescribed:
         following = text.split(ln, 1)[1].splitlines()[1:2]
         assert following and following[0].startswith(" " * 10), f"{module}: {ln.strip()}"

@@ -75,10 +75,7 @@ def _setup(config=CONFIG, tied=False):
 
 
 def _on_ranks(tp, work):
-    results = run_ranks(tp, work, timeout=60)
-    errors = [r for r in results if isinstance(r, BaseException)]
-    assert not errors, errors
-    return results
+    return run_ranks(tp, work, timeout=60, raise_errors=True)
 
 
 @pytest.mark.parametrize("tp", [2, 4])

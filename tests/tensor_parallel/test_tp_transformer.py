@@ -121,10 +121,7 @@ def _on_ranks(block, x, weight, tp):
         (out * weight).sum().backward()  # the same loss on every rank, from the same output
         return out.detach(), mine.grad, {n: p.grad for n, p in shards[rank].named_parameters()}
 
-    results = run_ranks(tp, work, timeout=30)
-    errors = [r for r in results if isinstance(r, BaseException)]
-    assert not errors, errors
-    return results
+    return run_ranks(tp, work, timeout=30, raise_errors=True)
 
 
 @pytest.mark.parametrize("tp", [2, 4])

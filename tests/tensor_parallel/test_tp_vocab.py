@@ -27,13 +27,6 @@ ATOL = 1e-6  # outputs and gradients, absolute: values of order 1 in float32
 CASES = [(2, 12, False), (4, 12, False), (2, 11, True), (4, 10, True)]
 
 
-def _ok(results):
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-    return results
-
-
 def _tokens(vocab, shape=(3, 5), seed=0):
     """Random tokens, the first one the vocabulary's last (in the last rank's slice)."""
     tokens = torch.randint(0, vocab, shape, generator=torch.Generator().manual_seed(seed))
@@ -81,7 +74,7 @@ def test_embedding_on_ranks_equals_the_full_embedding_and_its_gradient(world_siz
         return out.detach(), shard.weight.grad, (shard.start, shard.end)
 
     expected_grad = F.pad(full.weight.grad, (0, 0, 0, padded_vocab(vocab, world_size) - vocab))
-    for out, grad, (start, end) in _ok(run_ranks(world_size, work)):
+    for out, grad, (start, end) in run_ranks(world_size, work, raise_errors=True):
         assert max_abs_diff(out, full(tokens)) <= ATOL
         assert max_abs_diff(grad, expected_grad[start:end]) <= ATOL
 
@@ -108,7 +101,7 @@ def test_loss_on_ranks_equals_cross_entropy_and_its_gradient(world_size, vocab, 
         loss.backward()
         return loss.item(), local.grad
 
-    results = _ok(run_ranks(world_size, work))
+    results = run_ranks(world_size, work, raise_errors=True)
     for loss, _ in results:
         assert abs(loss - expected) <= RTOL * abs(expected)
     gathered = torch.cat([grad for _, grad in results], dim=-1)
@@ -132,7 +125,7 @@ def test_the_loss_sends_three_all_reduces_of_one_number_per_token_and_backward_n
                 backward.total_ring)
 
     expected = 3 * ring_bytes("all_reduce", world_size, tokens * 4)  # float32 numbers
-    for calls, sent, backward_sent in _ok(run_ranks(world_size, work)):
+    for calls, sent, backward_sent in run_ranks(world_size, work, raise_errors=True):
         assert calls == {"all_reduce": 3} and sent == expected and backward_sent == 0
 
 

@@ -1,4 +1,4 @@
-"""Ranks as threads: a mesh's groups, each dimension's lines of ranks."""
+"""Ranks as threads: a mesh's groups, each dimension's lines of ranks; errors raised."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers.torchrun.in_notebook import run_mesh
+from helpers.torchrun.in_notebook import run_mesh, run_ranks
 
 
 def test_each_dimension_groups_the_ranks_along_it_last_innermost():
@@ -29,3 +29,19 @@ def test_each_dimension_groups_the_ranks_along_it_last_innermost():
 def test_a_bad_dimension_is_refused_by_name():
     with pytest.raises(ValueError, match="cp=0; valid: an integer >= 1"):
         run_mesh({"cp": 0, "tp": 2}, lambda rank, groups: None)
+
+
+def test_raise_errors_raises_the_first_failed_ranks_error_instead_of_returning_it():
+    def work(rank, group):
+        if rank:
+            raise ValueError(f"rank {rank} failed")
+        return rank
+
+    returned = run_ranks(3, work, timeout=10)
+    assert returned[0] == 0 and [str(e) for e in returned[1:]] == ["rank 1 failed",
+                                                                    "rank 2 failed"]
+    with pytest.raises(ValueError, match="^rank 1 failed$"):
+        run_ranks(3, work, timeout=10, raise_errors=True)
+    assert run_ranks(2, lambda rank, group: rank, raise_errors=True) == [0, 1]
+    with pytest.raises(ValueError, match="^rank 1 failed$"):  # the mesh's ranks, the same way
+        run_mesh({"cp": 1, "tp": 3}, lambda rank, groups: work(rank, None), raise_errors=True)

@@ -1,5 +1,6 @@
 """The launcher: results from rank 0, the failing rank named, a hang killed, no orphans."""
 
+import json
 import os
 import signal
 import socket
@@ -20,10 +21,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
 
-@pytest.fixture
-def probe(tmp_path):
-    """Launch the probe with its logs and pid files under this test's temporary folder."""
-    pids = tmp_path / "pids"
+def _probe(folder: Path):
+    """Launch the probe with its logs and pid files under ``folder``."""
+    pids = folder / "pids"
     pids.mkdir()
     env = {
         "PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
@@ -31,11 +31,38 @@ def probe(tmp_path):
     }
 
     def run(mode, nproc=2, **kwargs):
-        kwargs.setdefault("log_dir", tmp_path / "logs")
+        kwargs.setdefault("log_dir", folder / "logs")
         return run_module("launch_probe", [mode], nproc=nproc, env=env, **kwargs)
 
-    run.pids = pids
+    run.pids, run.logs = pids, folder / "logs"
     return run
+
+
+@pytest.fixture
+def probe(tmp_path):
+    """Launch the probe with its logs and pid files under this test's temporary folder."""
+    return _probe(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def retried_crash(tmp_path_factory):
+    """One launch read by two tests. Its first port is taken after it was picked (the race
+    between picking a free port and torchrun binding it), so it is picked again; on the
+    retry rank 0 writes the all-reduce's result, then rank 1 raises while rank 0 waits in
+    the next all-reduce. The probe's runner and the launch's error."""
+    probe = _probe(tmp_path_factory.mktemp("retried_crash"))
+    with socket.socket() as s, pytest.MonkeyPatch.context() as patch:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        taken = s.getsockname()[1]
+        picks = iter([taken])
+        real = launcher.free_port
+        patch.setattr(launcher, "free_port", lambda: next(picks, None) or real())
+        patch.setattr(launcher, "validate_port", lambda p: p)  # as if it was free when picked
+        with pytest.raises(LaunchError) as info:
+            probe("crash", timeout=120)
+        assert next(picks, None) is None  # the taken port was tried
+    return probe, info.value
 
 
 def _running(pid: int) -> bool:
@@ -69,11 +96,10 @@ def test_cross_rank_maximum_reports_the_rank_that_disagrees():
 
 
 @pytest.mark.torchrun
-def test_crashing_rank_is_named_with_its_log_tail(probe):
-    with pytest.raises(LaunchError, match="on rank 1") as info:
-        probe("crash", timeout=120)
-    assert info.value.rank == 1
-    assert "rank 1 exploded on purpose" in info.value.log_tail
+def test_crashing_rank_is_named_with_its_log_tail(retried_crash):
+    probe, error = retried_crash
+    assert "on rank 1" in str(error) and error.rank == 1, str(error)
+    assert "rank 1 exploded on purpose" in error.log_tail
     assert not alive(probe.pids)
 
 
@@ -114,20 +140,16 @@ def test_ports_are_free_picked_and_taken_ports_refused(probe):
 
 
 @pytest.mark.torchrun
-def test_a_port_taken_after_it_was_picked_is_picked_again(probe, monkeypatch, tmp_path):
-    """The race between picking a free port and torchrun binding it: retried, not failed;
-    the retry's result comes from rank 0, its log is kept, and no rank outlives it."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        taken = s.getsockname()[1]
-        picks = iter([taken])
-        real = launcher.free_port
-        monkeypatch.setattr(launcher, "free_port", lambda: next(picks, None) or real())
-        monkeypatch.setattr(launcher, "validate_port", lambda p: p)  # as if it was free when picked
-        result = probe("ok", timeout=120)
+def test_a_port_taken_after_it_was_picked_is_picked_again(retried_crash):
+    """The race between picking a free port and torchrun binding it: retried, not failed
+    (the error is the retry's rank 1, not the clash); the retry's result comes from rank 0,
+    its log is kept, and no rank outlives it. That run_module returns the result of a
+    retry: test_launch_retries_a_picked_port_taken_meanwhile_but_nothing_else."""
+    probe, error = retried_crash
+    assert error.rank == 1 and not error.port_clash, str(error)
+    result = json.loads((probe.logs / "result.json").read_text())
     assert result["sum"] == 3.0 and result["world"] == 2 and result["backend"] == "gloo"
-    assert (tmp_path / "logs" / "launcher.log").exists()
+    assert (probe.logs / "launcher.log").exists()
     assert len(list(probe.pids.glob("*.pid"))) == 2 and not alive(probe.pids)
 
 

@@ -1,6 +1,12 @@
-"""Two torchrun agents on one machine: static and elastic rendezvous, a missing node, bad input."""
+"""Two torchrun agents on one machine: static and elastic rendezvous, a missing node, bad input.
 
+One static launch serves two tests: both nodes' ranks sum into rank 0's result, then the
+second node's rank fails. launch_nodes's return of that result on success is what lesson
+08's mesh run (c10d, 2 x 2) goes through under nbval."""
+
+import json
 import os
+import re
 import socket
 import time
 from pathlib import Path
@@ -14,9 +20,9 @@ from helpers.torchrun.multinode import launch_nodes, node_command
 HERE = Path(__file__).resolve().parent
 
 
-@pytest.fixture
-def nodes(tmp_path):
-    pids = tmp_path / "pids"
+def _nodes(folder: Path):
+    """Launch the probe on nodes, its logs and pid files under ``folder``."""
+    pids = folder / "pids"
     pids.mkdir()
     env = {
         "PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
@@ -24,28 +30,45 @@ def nodes(tmp_path):
     }
 
     def run(mode="ok", **kwargs):
-        kwargs.setdefault("log_dir", tmp_path / "logs")
+        kwargs.setdefault("log_dir", folder / "logs")
         kwargs.setdefault("timeout", 120)
         return launch_nodes("launch_probe", [mode], env=env, **kwargs)
 
-    run.pids = pids
+    run.pids, run.logs = pids, folder / "logs"
     return run
 
 
+@pytest.fixture
+def nodes(tmp_path):
+    return _nodes(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def two_static_nodes(tmp_path_factory):
+    """Static rendezvous, 2 x 1: rank 0 writes both ranks' sum, then rank 1 (node 1)
+    raises while rank 0 waits in the next all-reduce. The probe's runner and the error."""
+    nodes = _nodes(tmp_path_factory.mktemp("two_static_nodes"))
+    with pytest.raises(LaunchError) as info:
+        nodes("crash", nnodes=2, nproc_per_node=1, rendezvous="static")
+    return nodes, info.value
+
+
 @pytest.mark.torchrun
-def test_two_nodes_form_one_world(nodes):
-    """Static rendezvous, 2 x 1 (lesson 08 runs c10d, 2 x 2, under nbval: its mesh run)."""
-    result = nodes(nnodes=2, nproc_per_node=1, rendezvous="static")
+def test_two_nodes_form_one_world(two_static_nodes):
+    """Static rendezvous, 2 x 1 (lesson 08 runs c10d, 2 x 2, under nbval: its mesh run):
+    rank 0's result sums the ranks of both nodes."""
+    nodes, _ = two_static_nodes
+    result = json.loads((nodes.logs / "result.json").read_text())
     world = 2
     assert result["world"] == world and result["sum"] == world * (world + 1) / 2
     assert len(list(nodes.pids.glob("*.pid"))) == world and not alive(nodes.pids)
 
 
 @pytest.mark.torchrun
-def test_a_failing_rank_on_the_second_node_is_named(nodes):
-    with pytest.raises(LaunchError, match=r"node 1 failed .* on rank 1") as info:
-        nodes("crash", nnodes=2, nproc_per_node=1)
-    assert "rank 1 exploded on purpose" in info.value.log_tail
+def test_a_failing_rank_on_the_second_node_is_named(two_static_nodes):
+    nodes, error = two_static_nodes
+    assert re.search(r"node 1 failed .* on rank 1", str(error)), str(error)
+    assert "rank 1 exploded on purpose" in error.log_tail
     assert not alive(nodes.pids)
 
 

@@ -12,7 +12,7 @@ from typing import ClassVar, Literal
 
 from helpers.context_parallel.split import positions
 from helpers.context_parallel.traffic import VARIANTS, AttentionShape, validate_variant
-from helpers.core.flags import option
+from helpers.core.flags import option, require_ints
 from helpers.runs.contract import RunConfig
 
 
@@ -58,12 +58,8 @@ class CPAttentionConfig(RunConfig):
         validate_variant(self.variant)
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"--device {self.device!r}; valid choices: auto, cpu, cuda")
-        for name, least in (("seq", 1), ("hidden", 1), ("heads", 1), ("kv_heads", 1),
-                            ("batch", 1), ("seed", 0), ("repeats", 0), ("warmup", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ValueError(f"--{name.replace('_', '-')} {value!r}; valid: an integer "
-                                 f">= {least}")
+        require_ints(self, {"seq": 1, "hidden": 1, "heads": 1, "kv_heads": 1, "batch": 1,
+                            "seed": 0, "repeats": 0, "warmup": 0})
         if self.cp is not None and self.cp != world_size:
             raise ValueError(f"--cp {self.cp} but the world size is {world_size}; valid: "
                              f"--cp {world_size}, or torchrun --nproc-per-node={self.cp}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from helpers.core.flags import option
+from helpers.core.flags import option, require_ints
 from helpers.models.llama import LMConfig
 from helpers.profiles import Profile
 from helpers.runs.contract import RunConfig
@@ -59,11 +59,8 @@ class DataParallelConfig(RunConfig):
     def validate(self, world_size: int) -> DataParallelConfig:
         """Raise ValueError naming the first bad choice and what would be valid."""
         super().validate(world_size)
-        for name, least in (("batch", 1), ("seq", 1), ("accumulation", 1), ("repeats", 1),
-                            ("collective_repeats", 1), ("warmup", 0), ("steps", 1)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ValueError(f"{name}={value!r}; valid: an integer >= {least}")
+        require_ints(self, {"batch": 1, "seq": 1, "accumulation": 1, "repeats": 1,
+                            "collective_repeats": 1, "warmup": 0, "steps": 1}, as_flags=False)
         if not self.collective_sizes or min(self.collective_sizes) < 1:
             raise ValueError(f"collective_sizes={self.collective_sizes!r}; valid: one or more "
                              "sizes in bytes, each >= 1")

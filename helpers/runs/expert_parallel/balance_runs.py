@@ -80,12 +80,24 @@ def balance_run(lm: LMConfig, shape: MoEShape, *, steps: int, mode: str, seed: i
                 aux_weight: float = 0.1, bias_rate: float = 0.005, batch: int = 32,
                 seq: int = 32, lr: float = 1e-2) -> BalanceRun:
     """Train the MoE small Llama of ``lm`` and ``shape`` for ``steps`` steps in ``mode``
-    (``"none"``, ``"aux"`` or ``"bias"``); weights and batches drawn from ``seed``.
+    (``"none"``, ``"aux"`` or ``"bias"``); weights and batches drawn from ``seed``. It runs
+    on one thread: the model is too small for a second to help, and on busy cores a second
+    thread spends its time waiting.
 
     The defaults suit a few dozen steps of a small model: the papers' values (Switch:
     ``aux_weight`` 0.01; DeepSeek-V3: ``bias_rate`` 0.001, on sigmoid scores) act over
     thousands of steps, too slowly to be seen here."""
     _check(mode, steps, aux_weight, bias_rate)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _train(lm, shape, steps, mode, seed, aux_weight, bias_rate, batch, seq, lr)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(lm: LMConfig, shape: MoEShape, steps: int, mode: str, seed: int, aux_weight: float,
+           bias_rate: float, batch: int, seq: int, lr: float) -> BalanceRun:
     model = moe_llama(lm, shape, seed=seed).train()
     layers = moe_layers(model)
     task = MarkovTask(vocab=lm.vocab, seed=seed)

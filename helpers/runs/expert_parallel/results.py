@@ -16,15 +16,32 @@ routing the ranks recorded: the counts' and the tokens' all-to-alls and the coun
 all-reduce forward, the two all-to-alls reversed backward, and nothing else; and the
 replicated gradients' sum, an all-reduce by the ring formula. What left the sockets is
 read beside them (gloo adds headers), not judged.
+
+Time (measured, no verdict): after the proof, each rank times all-to-alls with no meter
+running, a barrier before each call, warm-up calls excluded. First lesson 06's fit,
+``t = alpha + beta x bytes``, made here for ``all_to_all_single`` on this group: even
+splits, each rank sending ``B`` bytes to the others (and receiving ``B``), at a few sizes.
+An all-to-all is over when its last rank is done, and the layer's next step waits for it,
+so a call's time is the slowest rank's (per repeat, the max over ranks) and each size's
+time the median over repeats (:attr:`EPLayerResult.a2a_fit`). Then the layer's own
+dispatch and combine, with the splits its router chose: rank ``r`` sends ``s_r`` bytes and
+receives ``q_r``. Per rank, its measured mean +- std stands beside the fit at ``s_r`` (what
+it sends); for the call as a whole (the slowest rank, per repeat) the fit is read at the
+busiest rank's bytes, ``max_r max(s_r, q_r)``: the fit was measured where every rank sent
+and received the same, and with uneven splits the rank that moves the most, out or in,
+finishes last (:meth:`EPLayerResult.a2a_rows`). The bytes are the payload, what
+``CommMeter`` counts; gloo's headers, a fixed 144 B per other rank and call, fall in alpha.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 from dataclasses import dataclass
 
 import torch
 
-from helpers.comm.collectives import ring_bytes
+from helpers.comm.collectives import AlphaBeta, fit_alpha_beta, ring_bytes
 from helpers.comm.meter import ALL_TO_ALL
 from helpers.core.checks import Proof, Verdict
 from helpers.core.timing import RepeatsInMs
@@ -57,11 +74,40 @@ class RankSide(RepeatsInMs, Record):
     gloo_sent: float  # forward + backward, by gloo's algorithms
     wire_sent: int | None  # what its sockets sent for forward + backward; None: unread
     seconds: list[float]  # each timed forward+backward
+    a2a_seconds: list[list[float]]  # the fit's all-to-alls: per size, each timed call
+    dispatch_seconds: list[float]  # each timed call of the layer's dispatch all-to-all
+    combine_seconds: list[float]  # each timed call of its combine all-to-all
 
     @property
     def dropped(self) -> int:
         """Rows that reached its experts past their capacity."""
         return sum(self.arrived) - sum(self.kept)
+
+
+@dataclass(frozen=True)
+class A2ATime(RepeatsInMs):
+    """One all-to-all of the layer (dispatch or combine) timed, beside the fit's prediction."""
+
+    call: str  # "dispatch" or "combine"
+    who: str  # "rank r", or "slowest rank": per repeat the max over ranks
+    sent: int  # bytes sent to the other ranks (the slowest rank's row: the most any sent)
+    received: int  # bytes received from them (the slowest rank's row: the most any received)
+    seconds: list[float]  # each timed call
+    predicted_s: float  # the fit's seconds for this row's bytes
+
+    @property
+    def predicted_ms(self) -> float:
+        return 1e3 * self.predicted_s
+
+    @property
+    def median_ms(self) -> float:
+        """The median call: a spike (another process on the cores) moves it least."""
+        return 1e3 * statistics.median(self.seconds) if self.seconds else float("nan")
+
+    @property
+    def predicted_ok(self) -> bool:
+        """The prediction is a time: positive and finite (no verdict on the measurement)."""
+        return math.isfinite(self.predicted_s) and self.predicted_s > 0
 
 
 @dataclass(frozen=True)
@@ -79,6 +125,7 @@ class EPLayerResult(Record):
     ranks: list[RankSide]
     replicated: list[int]  # bytes of each gradient every rank holds (router, shared)
     reference_dropped: int  # assignments one process dropped
+    a2a_sent: list[int]  # bytes each rank sent to the others per call, at each fit size
 
     @property
     def proven(self) -> Verdict:
@@ -146,6 +193,54 @@ class EPLayerResult(Record):
     def drops_as_one_device(self) -> bool:
         """The ranks dropped as many assignments as one process."""
         return self.dropped == self.reference_dropped
+
+    @property
+    def a2a_fit(self) -> AlphaBeta:
+        """t = alpha + beta x bytes each rank sends, for ``all_to_all_single`` on this group:
+        at each size, per repeat the slowest rank's seconds, the median over repeats."""
+        if len(self.a2a_sent) < 2:
+            raise ValueError(f"ep={self.ep}: no all-to-all was timed (one rank sends nothing);"
+                             " valid: a run on 2 or more ranks")
+        times = []
+        for size in range(len(self.a2a_sent)):
+            calls = zip(*(r.a2a_seconds[size] for r in self.ranks), strict=True)
+            times.append(statistics.median(max(call) for call in calls))
+        return fit_alpha_beta(ALL_TO_ALL, [float(b) for b in self.a2a_sent], times)
+
+    def a2a_rows(self) -> list[A2ATime]:
+        """The layer's dispatch and combine, each rank's time against the fit at what it
+        sends, then the call's (the slowest rank per repeat) against the fit at the busiest
+        rank's bytes."""
+        fit, rows = self.a2a_fit, []
+        dispatch = [self.predicted(r.rank).dispatch for r in self.ranks]
+        combine = [self.predicted(r.rank).combine for r in self.ranks]  # what it received
+        busiest = max(max(d, c) for d, c in zip(dispatch, combine, strict=True))
+        for call, sent, received, attr in (("dispatch", dispatch, combine, "dispatch_seconds"),
+                                           ("combine", combine, dispatch, "combine_seconds")):
+            for side in self.ranks:
+                rows.append(A2ATime(call, f"rank {side.rank}", sent[side.rank],
+                                    received[side.rank], getattr(side, attr),
+                                    fit.predict(sent[side.rank])))
+            slowest = [max(c) for c in zip(*(getattr(r, attr) for r in self.ranks), strict=True)]
+            rows.append(A2ATime(call, "slowest rank", max(sent), max(received), slowest,
+                                fit.predict(busiest)))
+        return rows
+
+    def a2a_table(self) -> str:
+        """The fit, then the layer's all-to-alls measured beside it (milliseconds)."""
+        fit = self.a2a_fit
+        head = (f"all_to_all_single on {self.ep} ranks, fitted at {len(self.a2a_sent)} sizes "
+                f"({min(self.a2a_sent):,} to {max(self.a2a_sent):,} B sent per rank): "
+                f"alpha = {fit.alpha_s * 1e6:.0f} us, 1/beta = {fit.bandwidth / 1e9:.2f} GB/s;"
+                " residuals " + " ".join(f"{r:+.0%}" for r in fit.relative_residuals))
+        lines = [head, f"{'call':<10}{'who':<14}{'sent B':>9}{'received B':>12}"
+                       f"{'measured ms: mean +- std':>26}{'median':>8}{'fit ms':>8}   fit at"]
+        for row in self.a2a_rows():
+            at = "its sent bytes" if row.who.startswith("rank") else "the busiest rank's bytes"
+            lines.append(f"{row.call:<10}{row.who:<14}{row.sent:>9,}{row.received:>12,}"
+                         f"{row.mean_ms:>17.3f} +- {row.std_ms:.3f}{row.median_ms:>8.3f}"
+                         f"{row.predicted_ms:>8.3f}   {at}")
+        return "\n".join(lines)
 
     @property
     def verdicts(self) -> dict[str, bool]:

@@ -1,4 +1,4 @@
-"""Lesson 10's claims, one verdict line each, built from the results' proofs.
+"""Lesson 12's claims, one verdict line each, built from the results' proofs.
 
 The tolerances are named in ``results`` (``EPSILONS``, ``ADAM_EPS``,
 ``ACTIVATION_TOLERANCE``, ``HEADER_BYTES``); here each claim gathers its proofs into one
@@ -14,7 +14,7 @@ from helpers.runs.llama_3d.results import ACTIVATION_TOLERANCE, LayoutRun, RankR
 
 
 def _ranks(runs: list[LayoutRun]) -> list[tuple[str, RankRecord]]:
-    return [(str(run.layout), r) for run in runs for r in run.ranks]
+    return [(run.name, r) for run in runs for r in run.ranks]
 
 
 def _ledger(runs: list[LayoutRun], activations: bool) -> list[Proof]:

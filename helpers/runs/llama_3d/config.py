@@ -1,5 +1,7 @@
 """What lesson 12's launches run: one layout (``TrainerConfig``), or every layout at once
-(``SuiteConfig``); both share the model, the batch and the run (``ModelRun``)."""
+(``SuiteConfig``); both share the model, the batch and the run (``ModelRun``). The model
+is the small Llama, or with ``--experts E`` its mixture of experts, whose experts are
+split over the data-parallel ranks (ep = dp)."""
 
 from __future__ import annotations
 
@@ -10,9 +12,11 @@ from typing import Any, ClassVar, Literal, TypeVar
 import torch
 
 from helpers.composed.checkpoint import check, latest
+from helpers.composed.experts import layout_name, moe_shape
 from helpers.composed.layout import Layout
 from helpers.core.flags import option
 from helpers.core.paths import results_path
+from helpers.expert_parallel.moe import MoEShape
 from helpers.models.llama import LMConfig
 from helpers.profiles import Profile, llama
 from helpers.runs.contract import Record, RunConfig
@@ -21,7 +25,10 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 DEVICES = ("auto", "cpu", "cuda")
 THREE_D, TWO_D = Layout(pp=2, dp=2, tp=2), Layout(dp=2, tp=2)
 WITH_CP = Layout(pp=2, tp=2, cp=2)  # context parallelism in the mesh: cp x tp x pp
-LAYOUTS = (Layout(), Layout(dp=2), Layout(tp=2), Layout(pp=2), TWO_D, THREE_D, WITH_CP)
+# the suite's dense layouts (dp x tp alone is dp x tp x pp without its pipeline: the
+# checkpoint round trip still runs it)
+LAYOUTS = (Layout(), Layout(dp=2), Layout(tp=2), Layout(pp=2), THREE_D, WITH_CP)
+WITH_EP = Layout(pp=2, dp=2, tp=2)  # the MoE model's: its experts over dp, ep x tp x pp
 SMALL_LLAMA = llama(64, 64, 4, ffn=128, heads=4, kv_heads=2)  # the small profile's
 M = TypeVar("M", bound="ModelRun")
 
@@ -42,6 +49,10 @@ class ModelRun(Record):
         "float32", "the weights', activations' and optimizer state's dtype")
     device: Literal["auto", "cpu", "cuda"] = option(
         "auto", "cuda (NCCL, one GPU per rank), cpu (gloo), auto: cuda if there are enough")
+    experts: int = option(0, "0: the dense small Llama; E: every block's MLP a mixture of E "
+                          "experts (lesson 11), split over the dp ranks (ep = dp)")
+    top_k: int = option(2, "experts each token goes to (with --experts), each ffn / top-k "
+                        "wide: a token does the dense MLP's work")
 
     @classmethod
     def for_profile(cls: type[M], profile: Profile, **changes: Any) -> M:
@@ -54,6 +65,11 @@ class ModelRun(Record):
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
 
+    @property
+    def moe(self) -> MoEShape | None:
+        """Each block's MoE layer (None: the dense model)."""
+        return moe_shape(self.model, self.experts, self.top_k)
+
     def shared(self) -> dict:
         """The fields of :class:`ModelRun`, by name."""
         return {f.name: getattr(self, f.name) for f in fields(ModelRun)}
@@ -65,6 +81,13 @@ class ModelRun(Record):
             raise ValueError(f"--device {self.device}; valid choices: {', '.join(DEVICES)}")
         if self.steps < 1:
             raise ValueError(f"--steps {self.steps}; valid: an integer >= 1")
+        for name, value in (("--experts", self.experts), ("--top-k", self.top_k)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} {value!r}; valid: an integer >= 0")
+        if self.experts and (not 1 <= self.top_k <= self.experts or self.model.ffn % self.top_k):
+            valid = [k for k in range(1, self.experts + 1) if self.model.ffn % k == 0]
+            raise ValueError(f"--top-k {self.top_k}; valid: {valid} (at most --experts "
+                             f"{self.experts}, dividing ffn={self.model.ffn})")
 
 
 @dataclass(frozen=True)
@@ -91,6 +114,11 @@ class TrainerConfig(ModelRun, RunConfig):
     def layout(self) -> Layout:
         return Layout(self.pp, self.dp, self.tp, self.cp)
 
+    @property
+    def name(self) -> str:
+        """The layout's name ("ep=2 x tp=2 x pp=2" when the dp ranks hold experts)."""
+        return layout_name(self.layout, self.experts)
+
     def ranks(self) -> int:
         """One rank per mesh position: pp x dp x cp x tp."""
         return self.layout.world_size
@@ -114,7 +142,26 @@ class TrainerConfig(ModelRun, RunConfig):
                              "ranks would start again from step 0; valid: add both")
         self.layout.validate(self.model, batch=self.batch, microbatches=self.microbatches,
                              world_size=world_size, seq=self.seq)
+        if self.experts:
+            self._check_experts()
         return self
+
+    def _check_experts(self) -> None:
+        """The MoE model's refusals: its experts over dp, no cp, no checkpoints."""
+        ep = self.dp
+        if ep < 2:
+            raise ValueError(f"--experts {self.experts} with --dp {ep}: the experts are split "
+                             "over the data-parallel ranks (ep = dp); valid: --dp 2 or more")
+        if self.experts % ep:
+            valid = [n for n in range(1, self.experts + 1) if self.experts % n == 0 and n > 1]
+            raise ValueError(f"--experts {self.experts} is not divisible by ep = --dp {ep}; "
+                             f"valid --dp: {valid} (or --experts a multiple of {ep})")
+        if self.cp > 1:
+            raise ValueError(f"--experts {self.experts} with --cp {self.cp}; valid: --cp 1 (the "
+                             "MoE model is not composed with context parallelism here)")
+        if self.checkpoint_dir:
+            raise ValueError(f"--experts {self.experts} with --checkpoint-dir; valid: no "
+                             "checkpoint (the MoE model's are not covered here), or --experts 0")
 
     def before_launch(self, world_size: int) -> None:
         """A checkpoint it would resume from is checked first: another model's is refused
@@ -126,23 +173,32 @@ class TrainerConfig(ModelRun, RunConfig):
 
 @dataclass(frozen=True)
 class SuiteConfig(ModelRun, RunConfig):
-    """Every layout of the lesson in one launch of 8 ranks, then the checkpoint round trip
-    (float64 by default: the proof's)."""
+    """Every layout of the lesson in one launch of 8 ranks, the MoE model's among them,
+    then the checkpoint round trip (float64 by default: the proof's)."""
 
     WORKER: ClassVar[str] = "helpers.runs.llama_3d.suite"
 
     steps: int = option(4, "AdamW steps of every layout")
     dtype: Literal["float32", "float64"] = option(
         "float64", "the weights', activations' and optimizer state's dtype")
+    experts: int = option(4, "experts of the MoE layout's model (the other layouts' model is "
+                          "dense); 0: no MoE layout")
     checkpoint_dir: str = option("", "where the checkpoints go (empty: "
                                  "results/checkpoints/suite)")
     save_step: int = option(1, "the 3-D run's checkpoint is taken after this step; the "
                             "2-D run saves after the next one")
 
-    def trainer(self, layout: Layout, **change: Any) -> TrainerConfig:
-        """The config of one layout's run."""
+    def trainer(self, layout: Layout, *, moe: bool = False, **change: Any) -> TrainerConfig:
+        """The config of one layout's run: the dense model's, or with ``moe`` the MoE
+        model's (``experts``, ``top_k``)."""
+        shared = {**self.shared(), "experts": self.experts if moe else 0}
         return replace(TrainerConfig(pp=layout.pp, dp=layout.dp, tp=layout.tp, cp=layout.cp,
-                                     **self.shared()), **change)
+                                     **shared), **change)
+
+    def configs(self) -> list[TrainerConfig]:
+        """Every layout's run of the suite, in order: the dense layouts, then the MoE one."""
+        return ([self.trainer(layout) for layout in LAYOUTS]
+                + ([self.trainer(WITH_EP, moe=True)] if self.experts else []))
 
     def ranks(self) -> int:
         """The 3-D layout's: 8."""
@@ -158,8 +214,8 @@ class SuiteConfig(ModelRun, RunConfig):
         if not 0 <= self.save_step < self.steps - 2:
             raise ValueError(f"save_step={self.save_step}; valid: 0 .. {self.steps - 3} (two "
                              "more steps must follow it)")
-        for layout in LAYOUTS:
-            self.trainer(layout).validate(layout.world_size)
+        for config in self.configs():
+            config.validate(config.layout.world_size)
         return self
 
     @property

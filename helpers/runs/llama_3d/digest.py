@@ -14,8 +14,10 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 
+from helpers.composed.experts import model_structure
 from helpers.composed.training import whole
-from helpers.models.llama import LMConfig, TinyLM
+from helpers.expert_parallel.moe import MoEShape
+from helpers.models.llama import LMConfig
 
 
 def parameter_hashes(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, str]:
@@ -37,11 +39,10 @@ def fingerprint(hashes: dict[str, str], order: list[str]) -> str:
     return hashlib.sha256("".join(hashes[n] for n in order).encode()).hexdigest()
 
 
-def parameter_names(model: LMConfig) -> list[str]:
-    """The small Llama's parameter names, in its own order (built on the meta device: no
-    weights are drawn)."""
-    with torch.device("meta"):
-        return [name for name, _ in TinyLM(model).named_parameters()]
+def parameter_names(model: LMConfig, moe: MoEShape | None = None) -> list[str]:
+    """The small Llama's parameter names (its MoE variant's with ``moe``), in its own order
+    (built on the meta device: no weights are drawn)."""
+    return [name for name, _ in model_structure(model, moe).named_parameters()]
 
 
 def gathered_fingerprint(module: torch.nn.Module, order: list[str], group=None) -> str:

@@ -9,7 +9,9 @@ dimension issues and their bytes (``helpers.comm.meter.CommMeter``) and read the
 this rank's sockets carried (``helpers.comm.wire.WireMeter``, outside the clock: each
 read lists the process's sockets); an optimizer pre-hook reads what the rank holds
 between the backward and the update (``measure.held``); and on the first attempt of a
-run that asks for it, one rank kills itself as a step starts.
+run that asks for it, one rank kills itself as a step starts. With a mixture of experts,
+each step's routing (every MoE forward's rows per expert, and its load) is kept: the
+predictions of the MoE layout's memory and all-to-all bytes start from it.
 """
 
 from __future__ import annotations
@@ -26,13 +28,14 @@ import torch.distributed as dist
 from helpers.comm.meter import CommMeter
 from helpers.comm.wire import WireMeter
 from helpers.composed import checkpoint
+from helpers.composed.experts import moe_layers, rank_routing
 from helpers.composed.layout import DIMS as MESH_DIMS
 from helpers.composed.ledger import predicted_memory, predicted_sent
 from helpers.composed.training import CPU, Hooks, Trained, train_3d
 from helpers.runs.llama_3d.config import TrainerConfig
 from helpers.runs.llama_3d.digest import gathered_fingerprint, parameter_names
 from helpers.runs.llama_3d.measure import StageMeter, held
-from helpers.runs.llama_3d.reference import compare_weights, reference_run
+from helpers.runs.llama_3d.reference import compare_weights, shared_reference
 from helpers.runs.llama_3d.results import LayoutRun, RankRecord, Traffic
 from helpers.torchrun.status import say
 
@@ -66,9 +69,10 @@ class Instruments(Hooks):
         self.config, self.device, self.save_at = config, device, save_at
         self.progress = f"{progress}, " if progress else ""
         self.resume_from, self.resume_step = resume_from, resume_step
-        self.order = parameter_names(config.model)
+        self.order = parameter_names(config.model, config.moe)
         self.first, self.loaded_ok, self.step_s = 0, None, []
         self.kept = self.before = 0
+        self.routing: list[list[list]] = []  # per step, per MoE layer: each forward's routing
 
     def start(self, state: Trained) -> int:
         """Resume from a checkpoint if there is one, then attach the meters."""
@@ -112,7 +116,7 @@ class Instruments(Hooks):
         config = self.config
         if step == config.kill_step and dist.get_rank() == config.kill_rank and not attempt():
             os.kill(os.getpid(), signal.SIGKILL)  # what a crashed node looks like to the others
-        say(dist.get_rank(), f"{self.progress}step {step + 1} of {config.steps}: {config.layout}")
+        say(dist.get_rank(), f"{self.progress}step {step + 1} of {config.steps}: {config.name}")
         timed = step > self.first  # the first step warms up (and allocates); not timed
         self.meter.reset_peak()
         self.before = max(self.meter.live.values(), default=0)  # kept from an earlier step
@@ -127,6 +131,10 @@ class Instruments(Hooks):
             _sync(self.device)
             if timed:
                 self.step_s.append(time.perf_counter() - begin)
+        layers = moe_layers(self.state.module)
+        self.routing.append([layer.seen[:] for layer in layers])
+        for layer in layers:
+            layer.seen.clear()
 
     def per_step(self, tally: dict) -> dict[str, float]:
         """A tally of the timed steps, per step."""
@@ -159,17 +167,21 @@ class Instruments(Hooks):
         config, state = self.config, self.state
         say(dist.get_rank(), f"{self.progress}comparing to one process")
         coords = {d: state.mesh.get_local_rank(d) for d in MESH_DIMS}
-        ref = reference_run(config, self.device)
-        diff, compared = compare_weights(state.module, ref.weights, state.group,
-                                         coords["dp"] == coords["cp"] == coords["tp"] == 0)
+        ref = shared_reference(config, self.device, state.group)
+        first = coords["dp"] == coords["cp"] == coords["tp"] == 0
+        expert = coords["cp"] == coords["tp"] == 0  # an expert: the first of its holders
+        diff, compared = compare_weights(
+            state.module, ref.weights, state.group,
+            lambda name: expert if ".mlp.experts." in name else first)
         sha = self.fingerprint()
         memory = self.memory
         memory.optimizer_state = held(state.module, state.optimizer).optimizer_state
         memory.activations = self.kept  # AdamW's state after a step; the last step's peak
-        stage = coords["pp"]
-        mine = RankRecord(dist.get_rank(), coords, memory, predicted_memory(config, stage),
-                          self.before, self.traffic(), predicted_sent(config, stage),
-                          predicted_sent(config, stage, "gloo"),
+        stage, routing = coords["pp"], self.rank_routing(coords)
+        mine = RankRecord(dist.get_rank(), coords, memory,
+                          predicted_memory(config, stage, routing), self.before,
+                          self.traffic(), predicted_sent(config, stage, "ring", routing),
+                          predicted_sent(config, stage, "gloo", routing),
                           self.per_step(self.comms.per_group.seconds), self.step_s)
         ranks: list = [None] * dist.get_world_size(state.group)
         dist.all_gather_object(ranks, mine, group=state.group)
@@ -177,7 +189,22 @@ class Instruments(Hooks):
         return LayoutRun(layout.pp, layout.dp, layout.tp, config.dtype, config.lr, state.losses,
                          ref.losses, diff, ref.grad_scale, compared, len(ref.weights), sha,
                          ranks, self.first - 1 if self.first else None, attempt(),
-                         self.loaded_ok, layout.cp)
+                         self.loaded_ok, layout.cp, config.experts,
+                         config.top_k if config.experts else 0)
+
+    def rank_routing(self, coords: dict[str, int]):
+        """Collective over the mesh (the MoE model's only): every rank's routing, gathered,
+        as this rank's predictions need it (``experts.rank_routing``); None when dense."""
+        config = self.config
+        if config.moe is None:
+            return None
+        every: list = [None] * dist.get_world_size(self.state.group)
+        dist.all_gather_object(every, (dist.get_rank(), coords, self.routing),
+                               group=self.state.group)
+        timed = list(range(1, len(self.routing)))  # the first step warms up, as timed above
+        forwards = config.microbatches if config.layout.pp > 1 else 1
+        return rank_routing({r: h for r, _, h in every}, {r: c for r, c, _ in every},
+                            dist.get_rank(), timed, forwards)
 
 
 def train_layout(config: TrainerConfig, ranks: list[int] | None = None, *,

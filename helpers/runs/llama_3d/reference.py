@@ -4,14 +4,15 @@ with it."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from helpers.composed.data import MarkovTask
+from helpers.composed.experts import build_model
 from helpers.composed.training import CPU, mean_loss, whole
-from helpers.models.llama import build_lm
 from helpers.runs.llama_3d.config import DTYPES, ModelRun
 
 
@@ -25,14 +26,14 @@ class Reference:
 
 
 def _key(config: ModelRun, device: torch.device, scale: float, parts: int) -> tuple:
-    return (config.model, config.steps, config.seed, config.batch, config.seq, config.lr,
-            config.dtype, str(device), scale, parts)
+    return (config.model, config.moe, config.steps, config.seed, config.batch, config.seq,
+            config.lr, config.dtype, str(device), scale, parts)
 
 
 @functools.lru_cache(maxsize=4)
 def _reference(key: tuple) -> Reference:
-    lm, steps, seed, batch, seq, lr, dtype, device, scale, parts = key
-    model = build_lm(lm, seed=seed).train().to(device=device, dtype=DTYPES[dtype])
+    lm, moe, steps, seed, batch, seq, lr, dtype, device, scale, parts = key
+    model = build_model(lm, moe, seed).train().to(device=device, dtype=DTYPES[dtype])
     task, opt = MarkovTask(lm.vocab, seed), torch.optim.AdamW(model.parameters(), lr=lr)
     losses, grad_scale = [], 0.0
     for step in range(steps):
@@ -43,7 +44,8 @@ def _reference(key: tuple) -> Reference:
             part = mean_loss(model(i), t) / parts
             (part * scale).backward()
             loss += part.item()
-        grad_scale = max([grad_scale, *(p.grad.abs().max().item() for p in model.parameters())])
+        grad_scale = max([grad_scale, *(p.grad.abs().max().item() for p in model.parameters()
+                                        if p.grad is not None)])  # an expert no token reached
         opt.step()
         losses.append(loss)
     return Reference(losses, {k: v.detach().clone() for k, v in model.named_parameters()},
@@ -52,24 +54,42 @@ def _reference(key: tuple) -> Reference:
 
 def reference_run(config: ModelRun, device: torch.device = CPU, scale: float = 1.0,
                   parts: int = 1) -> Reference:
-    """The one-process model with the same flags (on ``device``): its loss at every step
-    (on the whole global batch), its final weights by parameter name, its largest
-    gradient element. ``scale`` multiplies every gradient (1: the true one; 0.5 shows what
-    a halved gradient does); ``parts`` accumulates each batch in that many slices (the
-    same sums in another order)."""
+    """The one-process model with the same flags (on ``device``; the MoE model with
+    ``--experts``, its auxiliary loss unused): its loss at every step (on the whole global
+    batch), its final weights by parameter name, its largest gradient element. ``scale``
+    multiplies every gradient (1: the true one; 0.5 shows what a halved gradient does);
+    ``parts`` accumulates each batch in that many slices (the same sums in another order)."""
     return _reference(_key(config, device, scale, parts))
 
 
+def shared_reference(config: ModelRun, device: torch.device, group) -> Reference:
+    """Collective over ``group``: its first rank runs :func:`reference_run`, the others
+    receive its result (one one-process run for the whole group, not one per rank)."""
+    first = dist.get_rank(group) == 0
+    box: list = [None]
+    if first:
+        ref = reference_run(config, device)
+        box[0] = Reference(ref.losses, {k: v.cpu() for k, v in ref.weights.items()},
+                           ref.grad_scale)
+    dist.broadcast_object_list(box, group_src=0, group=group)
+    if first:
+        return ref
+    mine = box[0]
+    return Reference(mine.losses, {k: v.to(device) for k, v in mine.weights.items()},
+                     mine.grad_scale)
+
+
 def compare_weights(module: torch.nn.Module, reference: dict[str, torch.Tensor], group,
-                    first: bool) -> tuple[float, int]:
-    """(largest |w - w_ref|, parameters compared): collective over ``group``, each
-    parameter counted once, by its stage's ``first`` rank."""
+                    counts: Callable[[str], bool]) -> tuple[float, int]:
+    """(largest |w - w_ref|, parameters compared): collective over ``group``; a parameter
+    is counted by the ranks for which ``counts(name)`` is true (one per parameter: its
+    stage's first rank, or for an expert the first of the ranks that hold it)."""
     worst, count = 0.0, 0
     for name, p in module.named_parameters():
         full = whole(p.detach())  # every rank of the stage gathers the whole tensor
         worst = max(worst, (full - reference[name]).abs().max().item())
-        count += 1
-    out = torch.tensor([worst, float(count) * first], dtype=torch.float64,
+        count += counts(name)
+    out = torch.tensor([worst, float(count)], dtype=torch.float64,
                        device=next(iter(reference.values())).device)
     dist.all_reduce(out[:1], op=dist.ReduceOp.MAX, group=group)
     dist.all_reduce(out[1:], group=group)

@@ -14,7 +14,7 @@ def proof_table(runs: list[LayoutRun]) -> str:
     lines = [f"{'layout':<20}{'ranks':>6}{'loss |diff| max':>17}{'of its tol.':>12}"
              f"{'weights |diff|':>16}{'tolerance':>11}  verdict"]
     for run in runs:
-        lines.append(f"{str(run.layout):<20}{run.layout.world_size:>6}"
+        lines.append(f"{run.name:<20}{run.layout.world_size:>6}"
                      f"{max(run.loss_diffs):>17.1e}{run.loss_share:>12.2f}{run.weight_diff:>16.1e}"
                      f"{run.weight_tolerance:>11.1e}  {'equal' if run.ok else 'DIFFERENT'}")
     return "\n".join(lines)
@@ -35,7 +35,7 @@ def ledger_table(runs: list[LayoutRun]) -> str:
     prediction is the same and "≠ N" where it predicts N."""
     kinds = {"weights": "weights", "grads": "gradients", "optimizer_state": "optimizer",
              "activations": "activations"}
-    rows = [(str(run.layout), r) for run in runs for r in run.stage_ranks()]
+    rows = [(run.name, r) for run in runs for r in run.stage_ranks()]
     columns = [_marks(name, [(getattr(r.measured, k), getattr(r.predicted, k))
                              for _, r in rows]) for k, name in kinds.items()]
     firsts = [f"{'layout':<19}{'stage':>6}"] + [f"{layout:<19}{r.stage:>6}" for layout, r in rows]
@@ -64,7 +64,7 @@ def sent_table(runs: list[LayoutRun]) -> str:
                 else:
                     cells += (f"{t.calls[d]:>6.0f}{t.ring[d] / 1024:>7.0f}"
                               f"{t.gloo[d] / 1024:>7.0f}")
-            lines.append(f"{str(run.layout):<19}{r.stage:>6}{cells}")
+            lines.append(f"{run.name:<19}{r.stage:>6}{cells}")
     return "\n".join(lines)
 
 
@@ -82,7 +82,7 @@ def wire_table(runs: list[LayoutRun]) -> str:
             extra = "" if t.wire is None else f"{t.wire - gloo:,.0f}"
             bound = "=" if t.wire is not None and t.wire - gloo == t.headers else (
                 f"{t.headers:,.0f}")
-            lines.append(f"{str(run.layout):<19}{r.stage:>6}{ring:>14,.0f}{gloo:>17,.0f}"
+            lines.append(f"{run.name:<19}{r.stage:>6}{ring:>14,.0f}{gloo:>17,.0f}"
                          f"{wire:>14}{extra:>13}  {bound:>12}")
     return "\n".join(lines)
 
@@ -97,7 +97,7 @@ def time_table(runs: list[LayoutRun]) -> str:
             mean = statistics.mean(r.step_s)
             std = statistics.stdev(r.step_s) if len(r.step_s) > 1 else 0.0
             rest = mean - sum(r.comm_s.values())
-            lines.append(f"{str(run.layout):<20}{r.stage:>6}{mean * 1e3:>9.1f} ± "
+            lines.append(f"{run.name:<20}{r.stage:>6}{mean * 1e3:>9.1f} ± "
                          f"{std * 1e3:<4.1f}" + "".join(f"{r.comm_s.get(d, 0) * 1e3:>10.1f}"
                                                        for d in DIMS) + f"{rest * 1e3:>14.1f}")
     return "\n".join(lines)
@@ -106,7 +106,7 @@ def time_table(runs: list[LayoutRun]) -> str:
 def time_chart(runs: list[LayoutRun], path: str | Path, *, title: str) -> Path:
     """Rank 0's mean step, one horizontal bar per layout, stacked: the time in each
     dimension's traffic, then the rest (computation, and waiting for a core)."""
-    labels = [str(r.layout) for r in runs]
+    labels = [r.name for r in runs]
     parts: dict[str, list[float]] = {f"{d} traffic": [] for d in DIMS}
     parts["computation (the rest)"] = []
     for run in runs:
@@ -132,14 +132,19 @@ def time_chart(runs: list[LayoutRun], path: str | Path, *, title: str) -> Path:
 
 def loss_chart(runs: list[LayoutRun], path: str | Path, *, floor: float, title: str) -> Path:
     """The loss of every step, one line per layout, on top of the one-process run (the
-    plain model and loop, no mesh), drawn wide and grey beneath them."""
+    plain model and loop, no mesh), drawn wide and grey beneath them; the MoE model has a
+    one-process run of its own, drawn the same way."""
     fig, ax = plt.subplots(figsize=(7.5, 4.0))
+    references = {}
+    for run in runs:
+        what = "the MoE model, one process" if run.experts else "one process, no mesh"
+        references.setdefault(f"{what} (the reference)", run.reference)
+    for label, ref in references.items():
+        ax.plot(range(len(ref)), ref, color="black", linewidth=6, alpha=0.2, label=label)
     ref = runs[0].reference
-    ax.plot(range(len(ref)), ref, color="black", linewidth=6, alpha=0.2,
-            label="one process, no mesh (the reference)")
     markers = "osD^v<>p"
     for k, run in enumerate(runs):
-        name = str(run.layout)
+        name = run.name
         if name == "one device":
             name = "one device: the 3-D loop on a 1 x 1 x 1 mesh"
         ax.plot(range(len(run.losses)), run.losses, marker=markers[k % len(markers)],
@@ -151,7 +156,7 @@ def loss_chart(runs: list[LayoutRun], path: str | Path, *, floor: float, title: 
     ax.set_xlabel("training step")
     ax.set_ylabel("cross-entropy loss (nats per token)")
     ax.set_title(title)
-    ax.set_ylim(floor - 0.15, max(ref) + 0.15)
+    ax.set_ylim(floor - 0.15, max(max(r) for r in references.values()) + 0.15)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=3,
               frameon=False)  # below the axes, clear of the curves whatever they do

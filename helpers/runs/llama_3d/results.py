@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from helpers.comm.headers import wire_within
+from helpers.composed.experts import layout_name
 from helpers.composed.layout import Layout
 from helpers.core.checks import Proof
 from helpers.memory.ledger import KINDS, DeviceMemory
@@ -41,22 +42,21 @@ DIMS = ("dp", "cp", "tp", "pp")  # "dp": fully_shard's ranks, dp x cp when cp > 
 # each send with a 48-byte NOTIFY_SEND_READY and prefixes its data with a 48-byte preamble
 # (96 B a send), and answers each posted receive with a 48-byte NOTIFY_RECV_READY
 # (gloo/transport/tcp/pair.cc). A ring all-reduce of a tensor below its 1 MiB segment cuts
-# it into 2N segments: 4(N - 1) sends and 4(N - 1) receives, 576 B on 2 ranks (a
-# reduce-scatter is an all-reduce on gloo); an all-gather was measured at 288 B (2 sends,
-# 2 receives); a pipeline batch posts at most one send and one receive per neighbour, two
-# neighbours: 288 B. On N ranks a collective's headers are N - 1 times these
-# (tests/composed/test_wire_headers.py measures them on 2 and 4 ranks).
-HEADER_BYTES = {"all_reduce": 576, "reduce_scatter": 576, "all_gather": 288, "p2p": 288}
+# it into 2N segments: 4(N - 1) sends and receives, 576 B on 2 ranks (a reduce-scatter is
+# an all-reduce on gloo); an all-gather was measured at 288 B (2 sends, 2 receives); a
+# pipeline batch posts at most a send and a receive per neighbour, two neighbours: 288 B;
+# an all-to-all one piece to and from each other rank, even empty: 144 B. On N ranks a
+# collective's headers are N - 1 times these (tests/composed/test_wire_headers.py).
+HEADER_BYTES = {"all_reduce": 576, "reduce_scatter": 576, "all_gather": 288, "p2p": 288,
+                "all_to_all": 144}
 
 
 @dataclass
 class Traffic(Record):
-    """What one rank sent in a timed step (the mean over them), three ways: per mesh
-    dimension, the calls issued and their bytes by the ring formula (what NCCL's ring
-    sends) and by gloo's algorithms (what this run's backend sends); and, for the whole
-    process, the bytes its sockets carried (``wire``; None where not read, ``wire_note``
-    says why). The kernel names a socket by its ports, not by the process group that
-    opened it, so the wire is not split by dimension."""
+    """What one rank sent in a timed step (the mean over them): per mesh dimension, the
+    calls and their bytes by the ring formula (NCCL's ring) and by gloo's algorithms; for
+    the process, the bytes its sockets carried (``wire``; None where not read, as
+    ``wire_note`` says), not split by dimension (a socket is named by its ports)."""
 
     calls: dict[str, float]  # per dimension: collectives, and the pipeline's batches of sends
     ring: dict[str, float]
@@ -114,10 +114,9 @@ class RankRecord(Record):
 
     @property
     def sizes_ok(self) -> bool:
-        """The calls issued along each dimension add up to the bytes the plan predicts
+        """The calls along each dimension add up to the bytes the plan predicts
         (``ledger.predicted_sent``), by the ring formula and by gloo's algorithms (which
-        weighs reduce-scatters apart, so their share must match too); the number of calls
-        is not predicted."""
+        weighs reduce-scatters apart); the number of calls is not predicted."""
         return (self.traffic.ring == self.predicted_ring
                 and self.traffic.gloo == self.predicted_gloo)
 
@@ -168,10 +167,16 @@ class LayoutRun(Record):
     attempt: int = 0  # torchrun's restart count when this run finished
     loaded_ok: bool | None = None  # the loaded weights' fingerprint = the checkpoint's
     cp: int = 1
+    experts: int = 0  # the MoE model's experts per block, each token's top_k (0: dense)
+    top_k: int = 0
 
     @property
     def layout(self) -> Layout:
         return Layout(self.pp, self.dp, self.tp, self.cp)
+
+    @property
+    def name(self) -> str:  # the layout's, "ep=..." for the dp ranks of the MoE model
+        return layout_name(self.layout, self.experts)
 
     @property
     def loss_diffs(self) -> list[float]:
@@ -216,7 +221,7 @@ class LayoutRun(Record):
     def proofs(self) -> list[Proof]:
         """Each step's loss and the final weights against the one-process run, with the
         tolerances above (``ok`` also needs every parameter compared)."""
-        name = str(self.layout)
+        name = self.name
         return [*(Proof(f"{name}: loss, step {k}", d, t) for k, (d, t) in
                   enumerate(zip(self.loss_diffs, self.loss_tolerances, strict=True))),
                 Proof(f"{name}: final weights", self.weight_diff, self.weight_tolerance)]
@@ -234,7 +239,7 @@ class LayoutRun(Record):
         """Three short lines: the verdict, then the losses' and the weights' largest
         difference from the one-process run, each against its tolerance."""
         verdict = "equal to" if self.ok else "DIFFERENT from"
-        return (f"{self.layout}: {verdict} the one-process run\n"
+        return (f"{self.name}: {verdict} the one-process run\n"
                 f"{indent}losses: largest |diff| {max(self.loss_diffs):.1e} "
                 f"({self.loss_share:.2f} of the tolerance)\n"
                 f"{indent}weights: largest |diff| {self.weight_diff:.1e} (tolerance "
@@ -256,14 +261,19 @@ class SuiteResult(Record):
         return all(r.ok for r in [*self.runs, self.two_d, self.back])
 
     def mesh_order(self) -> MeshOrder:
-        """The counted traffic's case for tp innermost (:class:`MeshOrder`)."""
-        ranks = [r for run in self.runs for r in run.ranks]
+        """The counted traffic's case for tp innermost (:class:`MeshOrder`): dense layouts."""
+        ranks = [r for run in self.runs if not run.experts for r in run.ranks]
         both = [r.traffic for r in ranks if {"dp", "tp"} <= set(r.traffic.ring)]
         with_tp = [r.traffic for r in ranks if "tp" in r.traffic.calls]
         return MeshOrder(
             fsdp_sends_more=all(t.ring["dp"] > t.ring["tp"] for t in both),
             tp_calls_most=all(t.calls["tp"] == max(t.calls.values()) for t in with_tp),
-            full=next(run for run in self.runs if run.layout == THREE_D).ranks[0].traffic)
+            full=next(r for r in self.runs
+                      if r.layout == THREE_D and not r.experts).ranks[0].traffic)
+
+    @property
+    def moe(self) -> LayoutRun | None:  # the MoE layout's run (None when the suite ran none)
+        return next((run for run in self.runs if run.experts), None)
 
 
 @dataclass(frozen=True)

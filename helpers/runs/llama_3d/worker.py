@@ -1,6 +1,7 @@
-"""``torchrun --nproc-per-node=P -m helpers.runs.llama_3d.worker --dp D --tp T --pp S --cp C``.
+"""``torchrun --nproc-per-node=P -m helpers.runs.llama_3d.worker --dp D --tp T --pp S --cp C``
+(``--experts E --top-k K``: the MoE model, its experts split over the dp ranks).
 
-Trains the small Llama on the Markov task for ``--steps`` AdamW steps on a
+Trains the small Llama (or its mixture of experts) on the Markov task for ``--steps`` AdamW steps on a
 ``(pp, dp, cp, tp)`` mesh with the lesson's loop (``helpers.composed.training.train_3d``), measured
 (``instrumented``), every step on the same global batch whatever the layout, and prints
 on rank 0 one JSON line with the loss of every step; ``--reference`` adds the one-process
@@ -26,7 +27,7 @@ def main(config: TrainerConfig, rank: Rank) -> LayoutRun:
     """Every rank trains its part of the layout; rank 0 prints the losses."""
     run = train_layout(config, device=rank.device)
     if rank.rank == 0:
-        line = {"layout": str(config.layout), "losses": run.losses, "attempt": attempt()}
+        line = {"layout": config.name, "losses": run.losses, "attempt": attempt()}
         if config.reference:
             line["reference_losses"] = run.reference
         print(json.dumps(line), flush=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from helpers.core.flags import option
+from helpers.core.flags import option, require_ints
 from helpers.models.attention import divisors
 from helpers.models.llama import LMConfig
 from helpers.profiles import Profile
@@ -67,12 +67,7 @@ class LlamaTPConfig(RunConfig):
     def validate(self, world_size: int) -> LlamaTPConfig:
         """Raise ValueError naming the first bad value and what would be valid."""
         super().validate(world_size)
-        for name, least in (("seq", 1), ("batch", 1), ("seed", 0), ("time_steps", 0),
-                            ("warmup", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ValueError(f"--{name.replace('_', '-')} {value!r}; valid: an integer "
-                                 f">= {least}")
+        require_ints(self, {"seq": 1, "batch": 1, "seed": 0, "time_steps": 0, "warmup": 0})
         if self.device not in DEVICES:
             raise ValueError(f"--device {self.device!r}; valid choices: {', '.join(DEVICES)}")
         if self.tp is not None and self.tp != world_size:
