@@ -162,7 +162,7 @@ PROFILES: dict[str, Profile] = {
             top_k=2, capacity_factor=1.0, model=llama(64, 32, 2, ffn=64, heads=2, kv_heads=2), moe_ffn=32,
             experts=16, batch=32, seq=32, balance_steps=40),
         composed=ComposedSizes(llama(64, 64, 4, ffn=128, heads=4, kv_heads=2),
-                               seq=16, batch=8, microbatches=2, steps=4),
+                               seq=16, batch=8, microbatches=2, steps=3),
     ),
     "full": Profile(
         "full", warmup=2, repeats=10, toy=ToySizes(),

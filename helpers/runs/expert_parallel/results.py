@@ -230,16 +230,18 @@ class EPLayerResult(Record):
         """The fit, then the layer's all-to-alls measured beside it (milliseconds)."""
         fit = self.a2a_fit
         head = (f"all_to_all_single on {self.ep} ranks, fitted at {len(self.a2a_sent)} sizes "
-                f"({min(self.a2a_sent):,} to {max(self.a2a_sent):,} B sent per rank): "
-                f"alpha = {fit.alpha_s * 1e6:.0f} us, 1/beta = {fit.bandwidth / 1e9:.2f} GB/s;"
+                f"({min(self.a2a_sent):,} to {max(self.a2a_sent):,} B sent per rank):\n"
+                f"  alpha = {fit.alpha_s * 1e6:.0f} us, 1/beta = {fit.bandwidth / 1e9:.2f} GB/s;"
                 " residuals " + " ".join(f"{r:+.0%}" for r in fit.relative_residuals))
-        lines = [head, f"{'call':<10}{'who':<14}{'sent B':>9}{'received B':>12}"
-                       f"{'measured ms: mean +- std':>26}{'median':>8}{'fit ms':>8}   fit at"]
+        lines = [head, f"{'call':<9}{'who':<9}{'sent B':>8}{'recv B':>8}"
+                       f"{'mean +- std ms':>18}{'median':>8}{'fit ms':>8}  fit read at"]
         for row in self.a2a_rows():
-            at = "its sent bytes" if row.who.startswith("rank") else "the busiest rank's bytes"
-            lines.append(f"{row.call:<10}{row.who:<14}{row.sent:>9,}{row.received:>12,}"
-                         f"{row.mean_ms:>17.3f} +- {row.std_ms:.3f}{row.median_ms:>8.3f}"
-                         f"{row.predicted_ms:>8.3f}   {at}")
+            at = "its bytes" if row.who.startswith("rank") else "the busiest's"
+            who = row.who.replace("slowest rank", "slowest")
+            lines.append(f"{row.call:<9}{who:<9}{row.sent:>8,}{row.received:>8,}"
+                         f"{row.mean_ms:>9.3f} +- {row.std_ms:<5.3f}{row.median_ms:>8.3f}"
+                         f"{row.predicted_ms:>8.3f}  {at}")
+        lines.append("(slowest: per repeat, the later of the ranks; ms: milliseconds)")
         return "\n".join(lines)
 
     @property

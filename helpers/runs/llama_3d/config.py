@@ -185,7 +185,7 @@ class SuiteConfig(ModelRun, RunConfig):
                           "dense); 0: no MoE layout")
     checkpoint_dir: str = option("", "where the checkpoints go (empty: "
                                  "results/checkpoints/suite)")
-    save_step: int = option(1, "the 3-D run's checkpoint is taken after this step; the "
+    save_step: int = option(0, "the 3-D run's checkpoint is taken after this step; the "
                             "2-D run saves after the next one")
 
     def trainer(self, layout: Layout, *, moe: bool = False, **change: Any) -> TrainerConfig:
