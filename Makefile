@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 SITE_STAMP := $(VENV)/.site-installed
 
-.PHONY: run test test-twins test-fast test-gpu-smoke lab lab-check refresh bench lint clean gpu-check mutants site site-check
+.PHONY: run test test-twins test-fast test-gpu-smoke test-bench-smoke lab lab-check refresh bench lint clean gpu-check mutants site site-check
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,8 +29,8 @@ run: $(STAMP)
 ## test: unit tests, then nbval over notebooks/ (small profile, CPU, as stored); prints the
 ## 15 slowest. The twins of a lesson's own launch are left to test-twins: nbval runs the launch
 test: $(STAMP)
-	TUTORIAL_PROFILE=small CUDA_VISIBLE_DEVICES= $(PY) -m pytest -m "not gpu_smoke and not twin" \
-		--durations=15
+	TUTORIAL_PROFILE=small CUDA_VISIBLE_DEVICES= $(PY) -m pytest \
+		-m "not gpu_smoke and not bench_smoke and not twin" --durations=15
 
 ## test-twins: the unit tests that launch what a lesson's own launch runs (CI runs them after
 ## make test)
@@ -49,6 +49,12 @@ test-fast: $(STAMP)
 test-gpu-smoke: $(STAMP)
 	TUTORIAL_PROFILE=small CUDA_VISIBLE_DEVICES= $(PY) -m pytest -o addopts= -p no:cacheprovider \
 		-m gpu_smoke tests/course_tools/test_gpu_check.py
+
+## test-bench-smoke: make bench's sections rehearsed at tiny sizes on the CPU (CI runs it
+## after make test)
+test-bench-smoke: $(STAMP)
+	TUTORIAL_PROFILE=small CUDA_VISIBLE_DEVICES= $(PY) -m pytest -o addopts= -p no:cacheprovider \
+		-m bench_smoke tests/course_tools
 
 ## lab: open the series in JupyterLab (as root too, as in a class's container): the
 ## repository is the server's root, so the lessons' links to docs/ work; it opens in

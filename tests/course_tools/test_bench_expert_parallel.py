@@ -33,6 +33,7 @@ def test_bad_choices_are_refused_before_any_launch(layouts, layer, match, monkey
         bench.expert_parallel_section(layouts, layer, balance_steps=1)
 
 
+@pytest.mark.bench_smoke
 @pytest.mark.torchrun
 @pytest.mark.slow
 def test_the_section_at_a_tiny_size(tmp_path):
