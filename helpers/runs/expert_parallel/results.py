@@ -83,6 +83,11 @@ class RankSide(RepeatsInMs, Record):
         """Rows that reached its experts past their capacity."""
         return sum(self.arrived) - sum(self.kept)
 
+    @property
+    def all_to_all_sent(self) -> tuple[float, float]:
+        """Bytes its all-to-alls sent (counted): (forward, backward)."""
+        return self.forward.get(ALL_TO_ALL, 0.0), self.backward.get(ALL_TO_ALL, 0.0)
+
 
 @dataclass(frozen=True)
 class A2ATime(RepeatsInMs):

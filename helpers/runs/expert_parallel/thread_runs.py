@@ -220,6 +220,18 @@ class StepProof:
     results: list[dict]  # each rank's loss, gradients, reduction counts, routing, weights
     want: dict  # one process's
 
+    def dropped_per_block(self) -> list[int]:
+        """Assignments one process dropped in each block (its first micro-batch)."""
+        kept = self.want["kept"][0]
+        chosen = self.want["routes"][0][0].numel()  # tokens x top_k, the same in every block
+        return [chosen - int(k.sum()) for k in kept]
+
+    def reduction(self, rank: int = 0) -> str:
+        """What ``reduce_gradients`` did on ``rank``: elements all-reduced, left alone."""
+        counts = self.results[rank]["counts"]
+        return (f"rank {rank}: {counts['reduced']:,} elements all-reduced over dp, "
+                f"{counts['left_alone']:,} expert elements left alone")
+
     def same_routing(self, ep: int) -> bool:
         """Each ep group chose, block by block, the experts one process chose for its rows,
         and its experts kept as many rows as one process's did under capacity."""
