@@ -15,7 +15,7 @@ Imports go one way, lowest first (``tests/test_layering.py`` checks it):
   (its ``TAUGHT`` list, checked against the notebooks by ``tests/test_taught.py``):
   ``model_parallel`` (01-02), ``pipeline`` (03-04), ``placement`` (05),
   ``data_parallel`` (06), ``tensor_parallel`` (07-09), ``context_parallel`` (10),
-  ``expert_parallel`` (11), ``composed`` (12).
+  ``expert_parallel`` (11), ``debugging`` (12), ``composed`` (13).
 - ``runs``: each lesson's run machinery (config, worker, results, report) on one
   contract (``runs.contract``); ``tp_demo``: the source script's command line.
 - ``exercises``: one checker module per topic, the verdicts, the solutions.

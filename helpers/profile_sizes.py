@@ -121,8 +121,25 @@ class ExpertParallelSizes:
 
 
 @dataclass(frozen=True)
+class DebuggingSizes:
+    """Lesson 12: the traced DDP and pipeline steps, the tensor-parallel plan counted, the
+    FLOPs of a step, the hang drills."""
+
+    model: LMConfig  # the small Llama that DDP trains, the plan splits, the FLOPs count
+    batch: int  # sequences per rank per step
+    seq: int
+    bucket_cap_mb: float  # DDP's buckets with overlap on
+    pipe_width: int  # the traced pipeline's MLP stack
+    pipe_blocks: int
+    pipe_batch: int
+    microbatches: int
+    peak_size: int  # the square matrix multiply that measures this CPU's peak
+    hang_seconds: float  # the drills' watchdog
+
+
+@dataclass(frozen=True)
 class ComposedSizes:
-    """Lesson 12: the small Llama trained in 3-D, every layout on up to 8 ranks."""
+    """Lesson 13: the small Llama trained in 3-D, every layout on up to 8 ranks."""
 
     model: LMConfig
     seq: int

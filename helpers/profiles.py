@@ -21,6 +21,7 @@ from helpers.profile_sizes import (  # noqa: F401 (re-exported: the lessons' siz
     ComposedSizes,
     ContextParallelSizes,
     DataParallelSizes,
+    DebuggingSizes,
     ExpertParallelSizes,
     FFNSizes,
     LMSizes,
@@ -58,13 +59,14 @@ class Profile:
     transformer_tp: TransformerTPSizes
     context_parallel: ContextParallelSizes
     expert_parallel: ExpertParallelSizes
+    debugging: DebuggingSizes
     composed: ComposedSizes
 
     def describe(self, topic: str | None = None) -> str:
         """One line naming the profile and the sizes that ``topic`` (a lesson's subject) uses."""
         t, r, p, s, f, m = self.toy, self.resnet, self.pipeline, self.schedules, self.ffn, self.lm
         w, d, x, c = self.wide_ffn, self.data_parallel, self.transformer_tp, self.composed
-        cp, ep = self.context_parallel, self.expert_parallel
+        cp, ep, dbg = self.context_parallel, self.expert_parallel, self.debugging
         lm, xm, cm, pm = m.model, x.model, c.model, cp.model
         sizes = {
             "toy": f"toy model {t.inputs} -> {t.hidden} -> {t.outputs}, batch {t.batch}",
@@ -92,6 +94,11 @@ class Profile:
             f"rank; MoE Llama: vocab {ep.model.vocab}, hidden {ep.model.hidden}, "
             f"{ep.model.blocks} blocks of {ep.experts} experts (MLP {ep.moe_ffn}); batch "
             f"{ep.batch} x {ep.seq} tokens; {ep.balance_steps} steps per balance run",
+            "debugging": f"Llama: vocab {dbg.model.vocab}, hidden {dbg.model.hidden}, "
+            f"{dbg.model.blocks} blocks; batch {dbg.batch} x {dbg.seq} tokens per rank, DDP "
+            f"buckets of {dbg.bucket_cap_mb:g} MiB; pipeline of {dbg.pipe_blocks} MLP blocks "
+            f"of width {dbg.pipe_width}, batch {dbg.pipe_batch} in {dbg.microbatches} "
+            f"micro-batches; drills time out after {dbg.hang_seconds:g} s",
             "composed": f"Llama: vocab {cm.vocab}, hidden {cm.hidden}, {cm.heads} heads "
             f"({cm.kv} key/value), MLP {cm.ffn}, {cm.blocks} blocks; batch {c.batch} x "
             f"{c.seq} tokens in {c.microbatches} micro-batches; {c.steps} steps",
@@ -110,7 +117,7 @@ class Profile:
 
 def llama(vocab: int, hidden: int, blocks: int, *, ffn: int, heads: int, kv_heads: int
           ) -> LMConfig:
-    """The small Llama of lessons 09 to 12: grouped-query attention and RoPE."""
+    """The small Llama of lessons 09 to 13: grouped-query attention and RoPE."""
     return LMConfig(vocab=vocab, hidden=hidden, blocks=blocks, ffn=ffn, heads=heads,
                     kv_heads=kv_heads, rope=True)
 
@@ -140,6 +147,10 @@ PROFILES: dict[str, Profile] = {
             layer_tokens=16, layer_hidden=32, layer_ffn=32, layer_experts=4,
             top_k=2, capacity_factor=1.0, model=llama(32, 16, 2, ffn=32, heads=2, kv_heads=1), moe_ffn=24,
             experts=4, batch=4, seq=8, balance_steps=4),
+        debugging=DebuggingSizes(llama(64, 32, 2, ffn=64, heads=4, kv_heads=2), batch=2,
+                                 seq=16, bucket_cap_mb=0.01, pipe_width=32, pipe_blocks=2,
+                                 pipe_batch=16, microbatches=2, peak_size=128,
+                                 hang_seconds=1.0),
         composed=ComposedSizes(llama(32, 32, 2, ffn=64, heads=4, kv_heads=2),
                                seq=8, batch=8, microbatches=2, steps=4),
     ),
@@ -161,6 +172,10 @@ PROFILES: dict[str, Profile] = {
             layer_tokens=64, layer_hidden=64, layer_ffn=128, layer_experts=4,
             top_k=2, capacity_factor=1.0, model=llama(64, 32, 2, ffn=64, heads=2, kv_heads=2), moe_ffn=32,
             experts=16, batch=32, seq=32, balance_steps=40),
+        debugging=DebuggingSizes(llama(1024, 128, 4, ffn=512, heads=4, kv_heads=2), batch=4,
+                                 seq=64, bucket_cap_mb=0.5, pipe_width=256, pipe_blocks=8,
+                                 pipe_batch=256, microbatches=4, peak_size=512,
+                                 hang_seconds=2.0),
         composed=ComposedSizes(llama(64, 64, 4, ffn=128, heads=4, kv_heads=2),
                                seq=16, batch=8, microbatches=2, steps=3),
     ),
@@ -183,6 +198,10 @@ PROFILES: dict[str, Profile] = {
             layer_tokens=1024, layer_hidden=512, layer_ffn=1024, layer_experts=8,
             top_k=2, capacity_factor=1.0, model=llama(256, 64, 4, ffn=128, heads=4, kv_heads=2), moe_ffn=64,
             experts=16, batch=32, seq=64, balance_steps=200),
+        debugging=DebuggingSizes(llama(4096, 512, 8, ffn=1536, heads=8, kv_heads=4), batch=4,
+                                 seq=256, bucket_cap_mb=25.0, pipe_width=1024, pipe_blocks=8,
+                                 pipe_batch=512, microbatches=8, peak_size=2048,
+                                 hang_seconds=5.0),
         composed=ComposedSizes(llama(1024, 256, 4, ffn=768, heads=8, kv_heads=4),
                                seq=64, batch=16, microbatches=4, steps=12),
     ),

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TECHNIQUES = ("model_parallel", "pipeline", "placement", "data_parallel", "tensor_parallel",
               "context_parallel", "expert_parallel",
-              "composed")  # in lesson order
+              "debugging", "composed")  # in lesson order
 LAYERS = {
     "core": 0, "memory": 1, "comm": 1, "torchrun": 1, "models": 2, "profiles": 3,
     "profile_sizes": 3, **dict.fromkeys(TECHNIQUES, 4), "runs": 5, "tp_demo": 5,

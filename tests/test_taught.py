@@ -21,7 +21,8 @@ from course_tools.run_notebooks import lessons
 
 ROOT = Path(__file__).resolve().parents[1]
 TOPICS = ("models", "comm", "model_parallel", "pipeline", "placement", "data_parallel",
-          "tensor_parallel", "context_parallel", "expert_parallel", "composed", "memory")
+          "tensor_parallel", "context_parallel", "expert_parallel", "debugging", "composed",
+          "memory")
 HARNESS = re.compile(r"(^|_)(worker|config|launch|launches|results?|report|runs?)$")
 
 

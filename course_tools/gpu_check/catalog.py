@@ -95,8 +95,18 @@ STEPS = (
         12,
     ),
     Step(
+        "debugging",
+        "lesson 12: the traced launch on 2 GPUs (NCCL): each rank's torch.profiler trace with "
+        "its kernels merged into one timeline, the share of DDP's NCCL all-reduce kernels "
+        "hidden beside other kernels (buckets vs one bucket), CommDebugMode's counts of the "
+        "tensor-parallel plan vs the prediction; the MFU of a bfloat16 training step against "
+        "the GPU's published dense BF16 peak",
+        60,
+        25,
+    ),
+    Step(
         "composed",
-        "lesson 12: the small Llama in 3-D (FSDP x TP+SP x 1F1B) on one GPU per rank (NCCL), "
+        "lesson 13: the small Llama in 3-D (FSDP x TP+SP x 1F1B) on one GPU per rank (NCCL), "
         "and its mixture of experts with the experts over the dp ranks (ep x tp x pp): with "
         "8 GPUs every layout and the checkpoint round trip, with fewer the layouts that fit, "
         "with 1 the one-device run; float64 proofs against one process, ledgers, bytes per "
@@ -117,6 +127,7 @@ def step_functions() -> dict[str, StepFunction]:
         steps_composed,
         steps_context_parallel,
         steps_data_parallel,
+        steps_debugging,
         steps_expert_parallel,
         steps_model_parallel,
         steps_pipeline,
@@ -127,7 +138,7 @@ def step_functions() -> dict[str, StepFunction]:
 
     modules = (steps_model_parallel, steps_pipeline, steps_placement, steps_data_parallel,
                steps_tensor_parallel, steps_transformer_tp, steps_context_parallel,
-               steps_expert_parallel, steps_composed)
+               steps_expert_parallel, steps_debugging, steps_composed)
     found = {
         name.removeprefix("step_"): getattr(module, name)
         for module in modules

@@ -1,4 +1,4 @@
-"""The last step of ``make gpu-check``: lesson 12's 3-D run (FSDP x tensor + sequence parallel x
+"""The last step of ``make gpu-check``: lesson 13's 3-D run (FSDP x tensor + sequence parallel x
 pipeline, and the MoE model's ep x tp x pp) on one GPU per rank (NCCL).
 
 With 8 GPUs, the lesson's own launch (every layout, the MoE one included, the checkpoint
@@ -53,7 +53,7 @@ def run_figures(run) -> dict:
 
 
 def step_composed(ctx: Context, fig: dict) -> None:
-    """Lesson 12 on up to 8 GPUs: every layout's proof, ledgers, bytes and times."""
+    """Lesson 13 on up to 8 GPUs: every layout's proof, ledgers, bytes and times."""
     from helpers.runs.contract import launch
     from helpers.runs.llama_3d.config import SuiteConfig
 
@@ -88,5 +88,5 @@ def step_composed(ctx: Context, fig: dict) -> None:
         failed += [name for name, run in runs.items()
                    if not all(r.ledger_ok and r.sent_ok for r in run.ranks)]
     if failed:
-        raise AssertionError(f"lesson 12's runs not equal to one process (or, on the CPU, not "
+        raise AssertionError(f"lesson 13's runs not equal to one process (or, on the CPU, not "
                              f"as predicted): {failed}")

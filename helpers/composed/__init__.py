@@ -1,4 +1,4 @@
-"""The small Llama trained in 3-D (lesson 12): FSDP x tensor + sequence parallel x pipeline,
+"""The small Llama trained in 3-D (lesson 13): FSDP x tensor + sequence parallel x pipeline,
 and context parallelism as a fourth dimension.
 
 Taught: ``data`` (a learnable task made locally: sequences from a fixed random Markov

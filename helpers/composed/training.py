@@ -7,7 +7,7 @@ them (the zig-zag split); the first stage feeds them to the pipeline, the last o
 computes the loss (under ``loss_parallel`` when ``tp > 1``), and the loss of the whole
 batch is reduced over the mesh. With a mixture of experts, the MoE weights' gradients are
 then summed over tp (``experts.reduce_moe_gradients``) before AdamW's step. A harness
-attaches from outside through :class:`Hooks` (lesson 12's clock, byte counter, memory meter
+attaches from outside through :class:`Hooks` (lesson 13's clock, byte counter, memory meter
 and checkpoints: ``helpers.runs.llama_3d.instrumented``); the loop itself knows none of them.
 """
 

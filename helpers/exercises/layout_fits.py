@@ -1,4 +1,4 @@
-"""Checker for lesson 12's exercise 12.2: what fills the card, and which cut divides it.
+"""Checker for lesson 13's exercise 13.2: what fills the card, and which cut divides it.
 
 Llama-70B on 64 cards of 80 GiB (8 per node), mixed-precision Adam, sequences of 4096
 tokens, a global batch of 1024 sequences in micro-batches of one, 1F1B, and *no*
@@ -58,7 +58,7 @@ def _valid(got: object) -> tuple[str, str]:
     return kind, cut
 
 
-@checker("12.2", "Set fills_and_cut to a pair (kind, cut), then run this cell again.")
+@checker("13.2", "Set fills_and_cut to a pair (kind, cut), then run this cell again.")
 def check_fills_and_cut(fills_and_cut: tuple[str, str]) -> str:
     """Which kind fills the card under FSDP 64 without recomputation, and which cut
     divides it, against the estimator."""

@@ -1,4 +1,4 @@
-"""Checker for lesson 12's exercise 12.1: which ranks a ``(pp, dp, tp)`` ``DeviceMesh`` groups.
+"""Checker for lesson 13's exercise 13.1: which ranks a ``(pp, dp, tp)`` ``DeviceMesh`` groups.
 
 The reference is PyTorch itself, not a formula: for every rank of a layout, one *fake*
 process group (backend ``"fake"``: a single process, no communication) stands in for that
@@ -23,7 +23,7 @@ from helpers.core.sizes import format_bytes
 from helpers.exercises.feedback import NotSolved, Wrong, answer, checker, given, is_placeholder
 
 Groups = dict[str, list[list[int]]]
-DIMS = ("pp", "dp", "tp")  # outermost first, as lesson 12's mesh names them
+DIMS = ("pp", "dp", "tp")  # outermost first, as lesson 13's mesh names them
 GPUS_PER_NODE = 8
 NODE_LAYOUT = (2, 4, 8)  # 64 GPUs on 8 nodes: the success message counts nodes per group
 LAYOUTS = ((2, 2, 2), (1, 2, 2), (2, 1, 4), (4, 2, 1), (3, 2, 2), NODE_LAYOUT)
@@ -144,7 +144,7 @@ def _nodes(count: set[int]) -> str:
     return "one node" if count == {1} else "/".join(map(str, sorted(count))) + " nodes"
 
 
-@checker("12.1", "Write the body of mesh_groups(pp, dp, tp), then run this cell again.")
+@checker("13.1", "Write the body of mesh_groups(pp, dp, tp), then run this cell again.")
 def check_mesh_groups(mesh_groups: Callable[[int, int, int], Groups]) -> str:
     """The groups of a ``(pp, dp, tp)`` mesh, against the ones PyTorch's ``DeviceMesh`` forms."""
     given(mesh_groups)
@@ -178,20 +178,20 @@ def check_mesh_groups(mesh_groups: Callable[[int, int, int], Groups]) -> str:
             "one that stays inside a node.")
 
 
-# Exercise 12.3: why tp is innermost. The 2 x 2 x 2 mesh on nodes of 2 GPUs, ranks numbered
+# Exercise 13.3: why tp is innermost. The 2 x 2 x 2 mesh on nodes of 2 GPUs, ranks numbered
 # node by node: only the innermost dimension's groups stay inside a node.
 SMALL_MESH, SMALL_NODE = {"pp": 2, "dp": 2, "tp": 2}, 2
 
 
 def crossing_calls(innermost: str, calls: dict[str, float]) -> float:
     """A rank's ``calls`` per step along the dimensions whose groups leave a node, when
-    ``innermost`` is the mesh's last dimension (the other two in lesson 12's order)."""
+    ``innermost`` is the mesh's last dimension (the other two in lesson 13's order)."""
     order = (*(d for d in DIMS if d != innermost), innermost)
     return float(sum(calls.get(d, 0) for d in DIMS if _spans(
         _groups_in_order(SMALL_MESH, order, d), SMALL_NODE) != {1}))
 
 
-@checker("12.3", "Set innermost_and_crossing to a pair (dimension, calls), then run this "
+@checker("13.3", "Set innermost_and_crossing to a pair (dimension, calls), then run this "
          "cell again.")
 def check_innermost(innermost_and_crossing: tuple[str, float], calls: dict[str, float],
                     sent: dict[str, float]) -> str:

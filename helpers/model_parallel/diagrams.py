@@ -35,7 +35,8 @@ WAYS_TO_CUT = (
     Way("inside layers", "tensor and expert parallelism", ("07", "08", "09", "11")),
     Way("the data", "data and context parallelism", ("06", "10")),
 )
-ALL_THREE = "12"  # the lesson that combines the three on one mesh
+DEBUGGING = "12"  # the lesson that sees inside a distributed run and debugs it
+ALL_THREE = "13"  # the lesson that combines the three on one mesh
 
 
 @dataclass(frozen=True)
@@ -152,8 +153,8 @@ def ways_to_cut_diagram(ways: Sequence[Way] = WAYS_TO_CUT) -> Diagram:
         d.text(x0 + panel / 2, 1.15, way.technique, fontsize=9)
         many = "lessons" if len(way.lessons) > 1 else "lesson"
         d.text(x0 + panel / 2, 0.8, f"{many} " + ", ".join(way.lessons), fontsize=9, bold=True)
-    d.text(6, 0.2, f"colour: device 0 blue, device 1 orange.   Lesson {ALL_THREE} combines all "
-           "three on one mesh of devices.",
+    d.text(6, 0.2, f"colour: device 0 blue, device 1 orange.   Lesson {DEBUGGING} sees and debugs a "
+           f"run; lesson {ALL_THREE} combines all three on one mesh of devices.",
            colour=GREY, fontsize=9)
     return d
 

@@ -1,4 +1,4 @@
-"""Lesson 12's MoE layout without a launch: the gradient rule on thread ranks against one
+"""Lesson 13's MoE layout without a launch: the gradient rule on thread ranks against one
 process, with a planted bug that fails it; the flags that keep an unreached expert
 without a gradient; what the ledger holds for a rank; the timed meter's all-to-all.
 

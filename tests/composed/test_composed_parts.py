@@ -1,4 +1,4 @@
-"""Lesson 12's parts that need no launch: the ledger's prediction against one process, the
+"""Lesson 13's parts that need no launch: the ledger's prediction against one process, the
 saved-tensor meter's rule for weights, the fingerprint, the traffic counter's patches,
 and the store prefix that lets restarted ranks meet."""
 

@@ -84,7 +84,7 @@ def test_the_chosen_layout_fits_and_no_smaller_model_parallel_degree_is_skipped(
 
 
 def test_the_lessons_answers():
-    """What lesson 12's prose says: Llama-7B needs no model parallelism (ZeRO-1), Llama-70B
+    """What lesson 13's prose says: Llama-7B needs no model parallelism (ZeRO-1), Llama-70B
     fits nowhere on 8 GPUs and only with recomputation on 64 without model parallelism."""
     found = {(m, n): search_layouts(SHAPES[m], n, model=m).chosen for m, n in GRID}
     assert all(describe(found["Llama-7B", n]) == f"ZeRO-1 {n}" for n in (8, 64, 512))

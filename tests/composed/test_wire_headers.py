@@ -1,4 +1,4 @@
-"""gloo's headers per call, read from the sockets of real gloo ranks: the allowance lesson 12's
+"""gloo's headers per call, read from the sockets of real gloo ranks: the allowance lesson 13's
 wire verdict grants (``results.HEADER_BYTES``), on 2 ranks and, N - 1 times over, on 4; an
 all-to-all's uneven blocks too, an empty one among them."""
 

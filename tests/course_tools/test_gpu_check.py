@@ -111,9 +111,9 @@ def test_every_step_has_its_function_and_smoke_launches_k2_only():
     from course_tools.gpu_check.steps_pipeline import skip_reason
 
     assert list(step_functions()) == [s.name for s in STEPS]
-    assert STEPS[-1].name == "composed"  # lesson 12, the last lesson
-    names = [s.name for s in STEPS]  # lessons 10 and 11 in order, just before it
-    assert names[-3:] == ["context_parallel", "expert_parallel", "composed"]
+    assert STEPS[-1].name == "composed"  # lesson 13, the last lesson
+    names = [s.name for s in STEPS]  # lessons 10, 11 and 12 in order, just before it
+    assert names[-4:] == ["context_parallel", "expert_parallel", "debugging", "composed"]
     assert skip_reason(4, 2, FULL.cpu_stages).startswith("2 CPU core(s)")  # cores come first
     assert skip_reason(4, 8, FULL.cpu_stages) is None
     assert "--smoke" in skip_reason(4, 8, SMOKE.cpu_stages)
@@ -189,6 +189,12 @@ def test_smoke_run_passes_every_step(tmp_path):
     assert {(c["call"], c["who"]) for c in run["all_to_all"]["calls"]} == {
         (call, who) for call in ("dispatch", "combine")
         for who in ("rank 0", "rank 1", "slowest rank")}
+    debugging = {s["name"]: s for s in doc["steps"]}["debugging"]["figures"]
+    assert debugging["traced"]["device"] == "cpu" and all(
+        p["as_predicted"] for p in debugging["traced"]["plans"])
+    assert all(0 <= r["overlap_share"] <= 1 and r["communicating_events"] == r["buckets"]
+               for r in debugging["traced"]["ddp"]["overlap"]["ranks"])
+    assert 0 < debugging["mfu"]["mfu"] < debugging["mfu"]["hfu"]
     composed = {s["name"]: s for s in doc["steps"]}["composed"]["figures"]
     assert list(composed["runs"]) == ["tp=2"] and composed["runs"]["tp=2"]["ok"]
     assert composed["runs"]["tp=2"]["sent_ok_all_ranks"] and composed["dtype"] == "float64"

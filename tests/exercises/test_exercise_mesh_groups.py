@@ -1,4 +1,4 @@
-"""Exercise 12.1 (which ranks a (pp, dp, tp) DeviceMesh groups): the reference passes,
+"""Exercise 13.1 (which ranks a (pp, dp, tp) DeviceMesh groups): the reference passes,
 usual mistakes are told apart, and no process group outlives a check."""
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ def _row_major(pp: int, dp: int, tp: int, *, rank=None) -> dict[str, list[list[i
 
 
 def solution():
-    """Exercise 12.1's reference answer."""
-    return load_solution("12.1")
+    """Exercise 13.1's reference answer."""
+    return load_solution("13.1")
 
 
 def swapped(pp, dp, tp):
@@ -123,7 +123,7 @@ def test_a_malformed_answer_is_reported_and_nothing_is_left_behind(wrong, words)
 def test_the_placeholder_is_not_solved_yet(placeholder):
     feedback = check_mesh_groups(placeholder)
     assert feedback.status == "unsolved"
-    assert repr(feedback).startswith("… Exercise 12.1: not solved yet. Write the body of")
+    assert repr(feedback).startswith("… Exercise 13.1: not solved yet. Write the body of")
 
 
 def test_a_live_process_group_is_refused_and_kept():

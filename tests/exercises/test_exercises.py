@@ -19,7 +19,8 @@ from helpers.exercises.solutions import SOLUTIONS_DIR, load_solutions, sections
 from helpers.profiles import get_profile
 from helpers.torchrun.in_notebook import run_ranks
 
-MODULES = ("collectives", "context_parallel", "data_parallel", "expert_parallel", "layout_fits",
+MODULES = ("collectives", "context_parallel", "data_parallel", "debugging", "expert_parallel",
+           "layout_fits",
            "mesh_groups",
            "model_parallel", "pipeline", "placement", "tensor_parallel", "torchrun",
            "transformer_tp", "vocab_loss")
@@ -62,12 +63,12 @@ def extra_args(exercise: str) -> tuple:
         return (resnet_flops(),)
     if exercise in ("05.1", "05.2", "05.3"):
         return (tiny_lm(),)
-    if exercise == "12.3":
+    if exercise == "13.3":
         return (MESH_CALLS, MESH_SENT)
     return ()
 
 
-# lesson 12's 2 x 2 x 2 rank 0, per step: calls and ring bytes per mesh dimension
+# lesson 13's 2 x 2 x 2 rank 0, per step: calls and ring bytes per mesh dimension
 MESH_CALLS, MESH_SENT = {"tp": 40.0, "dp": 6.0, "pp": 3.0}, {"tp": 2.9e5, "dp": 3.1e5, "pp": 1.6e4}
 
 
@@ -171,12 +172,12 @@ WRONG = {
     "09.1": ({"attn_norm.weight", "mlp_norm.weight"}, "attention half"),
     "09.2": (lambda t, h, tp, e: t * (6 * h * e + 8) * (tp - 1) / tp, "Korthikanti"),
     "09.3": (_loss_without(shift=False), "maximum"),
-    "12.1": (lambda pp, dp, tp: {"pp": [list(range(k, pp * dp * tp, dp * tp)) for k in range(dp * tp)],
+    "13.1": (lambda pp, dp, tp: {"pp": [list(range(k, pp * dp * tp, dp * tp)) for k in range(dp * tp)],
                                  "dp": [[p * dp * tp + d * tp + t for d in range(dp)]
                                         for p in range(pp) for t in range(tp)],
                                  "tp": [[t * pp * dp + q for t in range(tp)]
                                         for q in range(pp * dp)]}, "row-major"),
-    "12.2": (("activations", "pp"), "first stage"),
+    "13.2": (("activations", "pp"), "first stage"),
     "10.1": (lambda out_a, lse_a, out_b, lse_b: (out_a + out_b) / 2, "share"),
     "10.2": ((44 * 2 * 2**20, 44 * 2 * 2**20), "Ulysses"),
     "10.3": (lambda cp: [r + 1 for r in range(cp)], "chunks r and 2cp-1-r"),
@@ -185,10 +186,17 @@ WRONG = {
     "11.2": (lambda expert_choices, num_experts, capacity:
              torch.zeros(expert_choices.shape, dtype=torch.bool), "(capacity"),
     "11.3": ("a", "nothing is missed"),
-    "12.3": (("dp", 43), "calls most often"),
+    "12.1": (lambda computing, communicating:
+             sum(max(0, min(ce, me) - max(cs, ms)) for cs, ce in computing
+                 for ms, me in communicating) / sum(me - ms for ms, me in communicating),
+             "as a union"),
+    "12.2": (lambda tps, n, layers, d, s, peak: (6 * n + 12 * layers * s * d) * tps / peak,
+             "sparse figure"),
+    "12.3": (0, "agrees with the majority"),
+    "13.3": (("dp", 43), "calls most often"),
 }
 PLACEHOLDERS = {"01.1": ..., "07.2": _Unsolved, "03.2": ..., "08.1": ...,
-                "09.1": ..., "10.2": ..., "11.3": ..., "12.2": ..., "12.3": ...}
+                "09.1": ..., "10.2": ..., "11.3": ..., "12.3": ..., "13.2": ..., "13.3": ...}
 # Lessons with fewer than two exercises, and why (none at present).
 ONE_EXERCISE: set[str] = set()
 
@@ -602,15 +610,15 @@ def test_the_vocab_loss_check_uses_large_logits_and_leaves_torch_as_it_was():
     assert dict(_world.pg_group_ranks) == groups
 
 
-# Lesson 12: what fills the card and which cut divides it; why tp is innermost.
+# Lesson 13: what fills the card and which cut divides it; why tp is innermost.
 
 def test_the_cut_answer_is_the_estimators_and_every_other_pair_is_told_why():
     from helpers.exercises.layout_fits import CUTS, KINDS
 
-    assert load_solution("12.2") == ("activations", "tp")
+    assert load_solution("13.2") == ("activations", "tp")
     for kind in KINDS:
         for cut in CUTS:
-            feedback = check("12.2", (kind, cut))
+            feedback = check("13.2", (kind, cut))
             assert feedback.solved == ((kind, cut) == ("activations", "tp")), feedback
             if not feedback.solved:  # each wrong kind, each wrong cut: why, in words
                 assert ("ZeRO" in feedback.hint if kind != "activations"
@@ -623,12 +631,12 @@ def test_the_cut_answer_is_the_estimators_and_every_other_pair_is_told_why():
     (["activations", "tp"], "expected a pair of strings"),
 ])
 def test_bad_shapes_of_cut_answers_are_reported(value, words):
-    assert words in check("12.2", value).message
+    assert words in check("13.2", value).message
 
 
 def test_the_innermost_answer_follows_the_counted_calls_not_the_bytes():
-    assert check("12.3", ("tp", 9)).solved and not check("12.3", ("tp", 9.5)).solved
-    assert "dp sends the most bytes" in check("12.3", ("dp", 43)).message
+    assert check("13.3", ("tp", 9)).solved and not check("13.3", ("tp", 9.5)).solved
+    assert "dp sends the most bytes" in check("13.3", ("dp", 43)).message
     fewer = {"tp": 2.0, "dp": 6.0, "pp": 3.0}  # were tp to call least, it would not win
-    assert check("12.3", ("dp", 5), fewer, MESH_SENT).solved
-    assert "expected a pair" in check("12.3", ("cp", 1)).message
+    assert check("13.3", ("dp", 5), fewer, MESH_SENT).solved
+    assert "expected a pair" in check("13.3", ("cp", 1)).message

@@ -10,6 +10,7 @@ from course_tools.run_notebooks import lessons
 from helpers.core.drawing import DPI, rank_colour
 from helpers.model_parallel.diagrams import (
     ALL_THREE,
+    DEBUGGING,
     WAYS_TO_CUT,
     Busy,
     busy_shares,
@@ -31,7 +32,7 @@ def _lesson(number: str) -> str:
 
 
 def test_the_course_map_names_every_lesson_once_and_by_its_topic():
-    named = [n for way in WAYS_TO_CUT for n in way.lessons] + [ALL_THREE]
+    named = [n for way in WAYS_TO_CUT for n in way.lessons] + [DEBUGGING, ALL_THREE]
     assert sorted(named) == [p.stem[:2] for p in lessons()]
     topics = {"inside layers": ("tensor_parallel", "expert_parallel"), "the data": ("data_parallel",
                                                                   "context_parallel")}

@@ -1,4 +1,4 @@
-"""The small Llama composed over a (pp, dp, tp) mesh (lesson 12): refusals, the taught loop
+"""The small Llama composed over a (pp, dp, tp) mesh (lesson 13): refusals, the taught loop
 without a harness, and launches proving a 3-D layout, its MoE twin (experts over dp), a
 checkpoint that reshards and a killed rank against one process.
 
@@ -258,7 +258,7 @@ def test_experts_over_dp_compose_with_tp_and_pp_and_train_the_one_process_model(
     experts split over the dp ranks, equal to the one-process MoE model; every rank's
     state to the byte (its two experts of each block whole), its activations from its
     routing, its bytes per dimension as predicted (the all-to-alls from its routing
-    counts, beside FSDP's), its wire within gloo's headers. A twin: lesson 12's launch
+    counts, beside FSDP's), its wire within gloo's headers. A twin: lesson 13's launch
     trains the same layout, asserted in its cells."""
     from helpers.comm.wire import wire_unavailable
 
@@ -280,7 +280,7 @@ def test_experts_over_dp_compose_with_tp_and_pp_and_train_the_one_process_model(
 def test_a_checkpoint_saved_under_one_layout_resumes_under_another(tmp_path):
     """tp=2 trains 2 steps and saves after each; dp=2 resumes and finishes 4 steps, equal
     to the one-process run; one process loads the checkpoint with the same fingerprint;
-    incomplete folders and other models are refused by name. A twin: lesson 12's launch
+    incomplete folders and other models are refused by name. A twin: lesson 13's launch
     makes the same round trip (dp x tp x pp -> dp x tp -> dp x tp x pp), loads it in one
     process and refuses the same folders, all asserted in its cells."""
     first = TrainerConfig(tp=2, steps=2, checkpoint_dir=str(tmp_path), dtype="float64")

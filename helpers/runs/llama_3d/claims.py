@@ -1,4 +1,4 @@
-"""Lesson 12's claims, one verdict line each, built from the results' proofs.
+"""Lesson 13's claims, one verdict line each, built from the results' proofs.
 
 The tolerances are named in ``results`` (``EPSILONS``, ``ADAM_EPS``,
 ``ACTIVATION_TOLERANCE``, ``HEADER_BYTES``); here each claim gathers its proofs into one

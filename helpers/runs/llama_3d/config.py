@@ -1,4 +1,4 @@
-"""What lesson 12's launches run: one layout (``TrainerConfig``), or every layout at once
+"""What lesson 13's launches run: one layout (``TrainerConfig``), or every layout at once
 (``SuiteConfig``); both share the model, the batch and the run (``ModelRun``). The model
 is the small Llama, or with ``--experts E`` its mixture of experts, whose experts are
 split over the data-parallel ranks (ep = dp)."""

@@ -54,7 +54,7 @@ def _sync(device: torch.device) -> None:
 
 
 class Instruments(Hooks):
-    """What lesson 12 measures of one layout's run, and its checkpoints.
+    """What lesson 13 measures of one layout's run, and its checkpoints.
 
     ``save_at``: the steps after which to save a checkpoint in ``config.checkpoint_dir``
     (default: every step, when it is set). ``resume_from``: a folder of checkpoints to

@@ -1,4 +1,4 @@
-"""Lesson 12's tables and charts, from the typed results (``results``, ``suite``)."""
+"""Lesson 13's tables and charts, from the typed results (``results``, ``suite``)."""
 
 from __future__ import annotations
 

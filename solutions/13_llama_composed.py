@@ -1,7 +1,7 @@
-"""Lesson 12's exercises, solved. Try them in the notebook first."""
+"""Lesson 13's exercises, solved. Try them in the notebook first."""
 
 
-# %% Exercise 12.1: which ranks talk to each other
+# %% Exercise 13.1: which ranks talk to each other
 def mesh_groups(pp: int, dp: int, tp: int) -> dict[str, list[list[int]]]:
     """DeviceMesh numbers the ranks row-major, as torch.arange(pp * dp * tp).reshape(pp, dp,
     tp): rank = (p * dp + d) * tp + t. A group along one dimension lets that index run and
@@ -16,7 +16,7 @@ def mesh_groups(pp: int, dp: int, tp: int) -> dict[str, list[list[int]]]:
     }
 
 
-# %% Exercise 12.2: what fills the card, and which cut divides it
+# %% Exercise 13.2: what fills the card, and which cut divides it
 # FSDP over 64 GPUs already divides weights, gradients and optimizer state by 64; no ZeRO
 # stage shards the activations, and without recomputation every GPU keeps each block's
 # activations for its micro-batch: they fill the card.
@@ -28,7 +28,7 @@ def mesh_groups(pp: int, dp: int, tp: int) -> dict[str, list[list[int]]]:
 fills_and_cut = ("activations", "tp")
 
 
-# %% Exercise 12.3: why tp is innermost
+# %% Exercise 13.3: why tp is innermost
 # On nodes of 2 GPUs, the 2 x 2 x 2 mesh keeps only its innermost groups inside a node
 # (ranks 1 apart); the groups of the other two dimensions hold ranks 2 or 4 apart. So the
 # calls along the innermost dimension stay on the fast links and the others cross nodes.
@@ -37,4 +37,4 @@ fills_and_cut = ("activations", "tp")
 innermost_and_crossing = ("tp", 9)
 
 
-ANSWERS = {"12.1": mesh_groups, "12.2": fills_and_cut, "12.3": innermost_and_crossing}
+ANSWERS = {"13.1": mesh_groups, "13.2": fills_and_cut, "13.3": innermost_and_crossing}
