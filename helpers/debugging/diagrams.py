@@ -47,7 +47,7 @@ def timeline_figure(activities: Sequence[Activity], title: str, path: str | Path
                     windows: Sequence[Interval] | None = None) -> Path:
     """Every rank a row on one clock (milliseconds): computing in the rank's colour, the
     backend's collectives below it; written as PNG, returns its path."""
-    fig, ax = plt.subplots(figsize=(9.0, 0.9 + 0.8 * len(activities)))
+    fig, ax = plt.subplots(figsize=(7.4, 1.4 + 0.8 * len(activities)))
     origin = min(s for a in activities for s, _ in (*a.computing, *a.communicating))
     for row, act in enumerate(activities):
         y = len(activities) - 1 - row
@@ -66,5 +66,5 @@ def timeline_figure(activities: Sequence[Activity], title: str, path: str | Path
     handles = [plt.Rectangle((0, 0), 1, 1, color=rank_colour(0)),
                plt.Rectangle((0, 0), 1, 1, color=COMM)]
     ax.legend(handles, ["computing (main thread's operators)", "communicating (gloo's)"],
-              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+              loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=2, fontsize=8)
     return save_figure(fig, path)

@@ -59,6 +59,9 @@ def test_computing_leaves_out_the_time_inside_a_collective_call(tmp_path):
     trace = read_trace(write_rank(tmp_path / "r0.json", 0, 0, step_events()))
     act = rank_activity(trace)
     assert act.computing == ((0, 50), (60, 70)) and act.communicating == ((55, 95),)
+    from helpers.debugging.overlap import breakdown  # a constructed trace, a known share:
+    parts = breakdown(act.computing, act.communicating, trace.span("ddp step"))
+    assert parts.overlap_share == 10 / 40 and parts.idle == 10  # 60-70 of 55-95; 50-55, 95-100
 
 
 @pytest.mark.parametrize("text, message", [
