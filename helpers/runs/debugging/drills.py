@@ -91,12 +91,30 @@ def run_drills(config: DrillConfig, *, timeout: float = 60.0, nproc: int | None 
     return DrillRun(outcomes, ended, seconds, left, evidence)
 
 
-def analyzer_report(out: str | Path, world_size: int, group: str) -> str:
-    """What PyTorch's Flight Recorder analyzer (``fr_trace``) reports about ``group``, run
-    on the ranks' dumps once their group table is repaired (:func:`repaired_for_analyzer`).
-    It reports every group; the blocks about ``group`` (``group info: <name>``) are kept."""
-    from torch.distributed.flight_recorder.fr_trace import main as fr_trace
+def run_analyzer(folder: str | Path) -> tuple[str, str]:
+    """PyTorch's Flight Recorder analyzer (``fr_trace``) on the dumps in ``folder``: (what it
+    printed, the error it stopped with, "" if none). Everything it writes is captured,
+    its own logger's too (a handler on stderr made when it is imported)."""
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text), contextlib.redirect_stderr(text):
+        from torch.distributed.flight_recorder.fr_trace import main as fr_trace  # may warn
+    log = logging.getLogger("Flight Recorder")
+    saved, log.handlers = log.handlers, [logging.StreamHandler(text)]
+    error = ""
+    try:
+        with contextlib.redirect_stdout(text), contextlib.redirect_stderr(text):
+            fr_trace([str(folder), "--prefix", "fr_"])
+    except Exception as stop:  # noqa: BLE001 - what the analyzer says is the evidence
+        error = type(stop).__name__
+    finally:
+        log.handlers = saved
+    return text.getvalue(), error
 
+
+def analyzer_report(out: str | Path, world_size: int, group: str) -> str:
+    """What ``fr_trace`` reports about ``group``, run on the ranks' dumps once their group
+    table is repaired (:func:`repaired_for_analyzer`). It reports every group; the blocks
+    about ``group`` (``group info: <name>``) are kept."""
     out = Path(out)
     repaired = out.parent / f"{out.name}_for_analyzer"  # beside: fr_trace walks subfolders
     for r in range(world_size):
@@ -104,16 +122,12 @@ def analyzer_report(out: str | Path, world_size: int, group: str) -> str:
             dump = pickle.load(f)  # noqa: S301 - our ranks' own dumps
         atomic_write_bytes(repaired / f"fr_{r}",
                            pickle.dumps(repaired_for_analyzer(dump, world_size)))
-    text = io.StringIO()
-    log = logging.getLogger("Flight Recorder")  # the analyzer's own logger, on stderr
-    saved, log.handlers = log.handlers, [logging.StreamHandler(text)]
-    try:
-        with contextlib.redirect_stdout(text), contextlib.redirect_stderr(text):
-            fr_trace([str(repaired), "--prefix", "fr_"])
-    finally:
-        log.handlers = saved
+    printed, error = run_analyzer(repaired)
+    if error:
+        raise FlightRecordError(f"fr_trace stopped with {error} on the repaired dumps in "
+                                f"{repaired}")
     blocks, current = [], []
-    for line in text.getvalue().splitlines():
+    for line in printed.splitlines():
         if line.startswith(("Collective sequence number", "Not all ranks joining")):
             blocks.append(current)
             current = []
