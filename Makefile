@@ -88,12 +88,13 @@ gpu-check:
 	else python3 -m course_tools.gpu_check $(ARGS); fi
 
 ## mutants: mutation testing (mutmut) of the correctness-critical helpers with their fast
-## unit tests, set in pyproject's [tool.mutmut]; lists the mutants that survive and the score
+## unit tests, set in pyproject's [tool.mutmut]; lists the mutants that survive and the score.
+## PART=<package> (e.g. PART=debugging) runs and reports only helpers/<package>/'s mutants
 mutants: $(STAMP)
 	$(PY) -m pip install --quiet mutmut==3.8.1
 	rm -rf mutants
-	OMP_NUM_THREADS=1 TUTORIAL_PROFILE=small CUDA_VISIBLE_DEVICES= $(VENV)/bin/mutmut run --max-children 1
-	$(PY) -m course_tools.mutation_report
+	OMP_NUM_THREADS=1 TUTORIAL_PROFILE=small CUDA_VISIBLE_DEVICES= $(VENV)/bin/mutmut run --max-children 1 $(if $(PART),"helpers.$(PART).*")
+	$(PY) -m course_tools.mutation_report $(PART)
 
 ## site: the course as a static website in results/site/ (open results/site/index.html), built
 ## from the stored, executed notebooks in seconds (nothing re-runs); refuses a lesson stored

@@ -39,11 +39,15 @@ def score(counts: Counter) -> float:
     return 100.0 * sum(counts[c] for c in CAUGHT) / total if total else 0.0
 
 
-def main(root: Path = Path("mutants")) -> int:
-    """Print the mutants not caught, then the table; 1 when there are no results."""
+def main(root: Path = Path("mutants"), part: str | None = None) -> int:
+    """Print the mutants not caught, then the table; 1 when there are no results. ``part``:
+    only the modules of ``helpers/<part>/`` (``make mutants PART=<part>``)."""
     metas = sorted(root.rglob("*.py.meta"))
+    if part:
+        metas = [m for m in metas if m.relative_to(root).as_posix().startswith(f"helpers/{part}/")]
     if not metas:
-        print(f"no mutmut results under {root}/; run `make mutants` first")
+        where = f"helpers/{part}/ under {root}/" if part else f"{root}/"
+        print(f"no mutmut results for {where}; run `make mutants` first")
         return 1
     rows: list[tuple[str, Counter]] = []
     print("Mutants not caught (status, name: - original | + mutant):")
@@ -66,4 +70,6 @@ def main(root: Path = Path("mutants")) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    import sys
+
+    raise SystemExit(main(part=sys.argv[1] if len(sys.argv) > 1 else None))
