@@ -12,9 +12,6 @@ the smoke sizes, and the MFU against this CPU's measured peak.
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import torch
 
 from course_tools.gpu_check.context import Context, StepSkipped
@@ -59,6 +56,7 @@ def traced_figures(ctx: Context, device: str) -> dict:
 def mfu_figures(ctx: Context, gpu: bool) -> dict:
     """One training step of the profile's small Llama: its model FLOPs over its time, against
     the GPU's dense BF16 peak (or this CPU's measured peak)."""
+    from helpers.core.timing import measure
     from helpers.debugging.flops import gpu_peak, measure_peak, step_flops, training_step
     from helpers.models.llama import build_lm
     from helpers.runs.tp_llama.step import make_batch
@@ -70,35 +68,25 @@ def mfu_figures(ctx: Context, gpu: bool) -> dict:
     ids, targets = (t.to(device) for t in make_batch(sizes.model.vocab, sizes.batch, sizes.seq, 0))
     step = training_step(model, ids, targets)
 
-    def timed() -> float:
-        if gpu:
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        step()
-        if gpu:
-            torch.cuda.synchronize()
-        return time.perf_counter() - start
-
-    for _ in range(3):
-        timed()
-    seconds = [timed() for _ in range(2 if ctx.smoke else STEPS)]
+    # warm-up excluded; the clock synchronises CUDA before each reading
+    timing = measure(step, repeats=2 if ctx.smoke else STEPS, warmup=3, label="training step")
     flops = step_flops(sizes.model, sizes.batch, sizes.seq)
     if gpu:
         name = torch.cuda.get_device_name()
         try:
             peak = gpu_peak(name)
         except ValueError as error:
-            return {"gpu": name, "step_ms": round(1e3 * statistics.fmean(seconds), 3),
+            return {"gpu": name, "step_ms": round(1e3 * timing.mean, 3),
                     "note": str(error)}
         peak_flops, source = peak.dense_tflops * 1e12, f"{peak.name} dense BF16 ({peak.source})"
     else:
         measured = measure_peak(ctx.cpu_profile.debugging.peak_size)
         peak_flops, source = measured.flops_per_s, "this CPU, measured (1 thread, float32)"
-    mean = statistics.fmean(seconds)
+    mean = timing.mean
     return {"dtype": str(dtype).removeprefix("torch."), "tokens": flops.tokens,
             "model_flops": flops.model, "hardware_flops": flops.hardware,
             "step_mean_ms": round(1e3 * mean, 3),
-            "step_std_ms": round(1e3 * statistics.stdev(seconds), 3) if len(seconds) > 1 else 0,
+            "step_std_ms": round(1e3 * timing.std, 3),
             "peak_flops_per_s": peak_flops, "peak_source": source,
             "mfu": round(flops.model / mean / peak_flops, 5),
             "hfu": round(flops.hardware / mean / peak_flops, 5)}

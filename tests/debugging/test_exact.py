@@ -350,3 +350,67 @@ def test_the_per_block_keys_name_the_model():
 
     assert list(predicted_per_block(1, False)) == ["TinyLM.blocks.0 (forward)",
                                                    "TinyLM.blocks.0 (backward)"]
+
+
+def test_utilisation_divides_by_the_seconds_and_the_peak():
+    """6 GFLOP in 2 s on a 1 GFLOP/s peak: 3 GFLOP/s, three times the peak."""
+    assert flops.utilisation(6e9, 2.0, 1e9) == 3.0
+
+
+def test_a_window_that_does_not_start_at_zero():
+    """Window (10, 30): computing 12-20, communicating 15-25; by hand 3 + 5 + 5 + 7 = 20."""
+    from helpers.debugging.overlap import breakdown
+
+    b = breakdown([(12.0, 20.0)], [(15.0, 25.0)], window=(10.0, 30.0))
+    assert (b.window, b.computing_only, b.communicating_only, b.both, b.idle) == (
+        20.0, 3.0, 5.0, 5.0, 7.0)
+
+
+def test_the_analytic_counts_are_integers_and_keep_the_tokens():
+    """``N`` is a count of weights (an int); the step keeps its ``batch x seq`` tokens."""
+    from helpers.debugging.flops import matmul_weights, step_flops
+    from helpers.models.llama import LMConfig
+
+    config = LMConfig(vocab=32, hidden=16, blocks=2, ffn=24, heads=4, kv_heads=2)
+    assert type(matmul_weights(config)) is int
+    # by hand: head_dim 4; attention 2*16*4*4 + 2*16*2*4 = 768; MLP 3*16*24 = 1152;
+    # 2 blocks of 1920, plus the head 16*32 = 512
+    assert matmul_weights(config) == 2 * 1920 + 512
+    assert step_flops(config, 3, 5).tokens == 15
+
+
+@pytest.mark.parametrize("name, want", [("h100", "H100 SXM"), ("NVIDIA H200", "H200 SXM"),
+                                        ("a100-sxm4-80gb", "A100 SXM 80GB")])
+def test_a_peak_is_found_whatever_the_case(name, want):
+    """Device names come in any case (torch.cuda.get_device_name prints 'NVIDIA H100 ...')."""
+    assert flops.gpu_peak(name).name == want
+
+
+def test_the_flop_and_window_refusals_word_for_word():
+    """What a learner reads on bad input, exactly."""
+    from helpers.debugging.intervals import union
+    from helpers.debugging.overlap import breakdown
+
+    with pytest.raises(ValueError) as info:
+        flops.utilisation(1.0, 0.0, 2.0)
+    assert str(info.value) == "seconds=0.0, peak=2.0; valid: both > 0"
+    with pytest.raises(ValueError) as info:
+        flops.gpu_peak("TPU")
+    assert str(info.value) == ("no published peak for 'TPU'; valid: A100 SXM 80GB, H100 SXM, "
+                               "H200 SXM")
+    with pytest.raises(ValueError) as info:
+        breakdown([], [])
+    assert str(info.value) == ("no events and no window: valid: at least one interval, or a "
+                               "window")
+    with pytest.raises(ValueError) as info:
+        breakdown([(0.0, 1.0)], [], window=(2.0, 1.0))
+    assert str(info.value) == "window (2.0, 1.0) ends before it starts; valid: start <= end"
+    with pytest.raises(ValueError) as info:
+        union([(3.0, 1.0)])
+    assert str(info.value) == "interval (3.0, 1.0) ends before it starts; valid: start <= end"
+    with pytest.raises(ValueError) as info:
+        flops.measure_peak(size=32)
+    assert str(info.value) == "size=32; valid: an integer >= 64"
+    with pytest.raises(ValueError) as info:
+        flops.measure_peak(repeats=0)
+    assert str(info.value) == "repeats=0, number=3; valid: integers >= 1"
