@@ -19,10 +19,9 @@ from helpers.runs.llama_3d.results import HEADER_BYTES
 SIZES = (64, 65536)  # bytes of the full tensor: both below gloo's 1 MiB segment
 
 
-def _headers(rank: int, world: int, port: int, out: dict) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    dist.all_reduce(torch.ones(1))  # connections warmed up
+def _measure(rank: int, world: int, group: dist.ProcessGroup, barrier) -> dict:
+    """Each call's bytes on this rank's sockets less gloo's payload, on ``group`` of
+    ``world`` ranks; rank 0 sends to rank 1 for the point-to-point case."""
     seen = {}
     for size in SIZES:
         full = torch.ones(size // 8, dtype=torch.float64)
@@ -32,41 +31,61 @@ def _headers(rank: int, world: int, port: int, out: dict) -> None:
         splits = ([[n // 2, n - n // 2] + [0] * (world - 2), [0] * (world - 1) + [n]]
                   + [[n] + [0] * (world - 1)] * (world - 2))
         for name in ("all_reduce", "reduce_scatter", "all_gather", "p2p", "all_to_all"):
-            dist.barrier()
+            barrier()
             wire = WireMeter()
             with wire:
                 if name == "all_to_all":
                     got = torch.empty(sum(s[rank] for s in splits), dtype=torch.float64)
                     dist.all_to_all_single(got, full.clone(), [s[rank] for s in splits],
-                                           splits[rank])
+                                           splits[rank], group=group)
                 elif name == "all_reduce":
-                    dist.all_reduce(full.clone())
+                    dist.all_reduce(full.clone(), group=group)
                 elif name == "reduce_scatter":
-                    reduce_scatter(torch.empty_like(chunk), full.clone())
+                    reduce_scatter(torch.empty_like(chunk), full.clone(), group=group)
                 elif name == "all_gather":
-                    all_gather(torch.empty_like(full), chunk)
+                    all_gather(torch.empty_like(full), chunk, group=group)
                 elif rank < 2:  # rank 0 sends to rank 1
-                    (dist.send if rank == 0 else dist.recv)(full.clone(), 1 - rank)
+                    (dist.send if rank == 0 else dist.recv)(full.clone(), 1 - rank, group=group)
             if name == "all_to_all":
                 payload = all_to_all_sent(full, splits[rank], rank, world)
             else:
                 payload = gloo_bytes(name, world, size) if name != "p2p" else size * (rank == 0)
             seen[size, name] = wire.sent - payload
-    out[rank] = seen
+    return seen
+
+
+def _headers(rank: int, world: int, port: int, out: dict) -> None:
+    """All ``world`` ranks measure on the whole group; then ranks 0 and 1 measure on a group
+    of their own while the others wait at the final barrier (which sends nothing from ranks
+    0 and 1 before they reach it)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    pair = dist.new_group([0, 1])
+    dist.all_reduce(torch.ones(1))  # connections warmed up
+    out[rank, world] = _measure(rank, world, dist.group.WORLD, dist.barrier)
+    if rank < 2:
+        dist.all_reduce(torch.ones(1), group=pair)
+        out[rank, 2] = _measure(rank, 2, pair, lambda: dist.barrier(group=pair))
     dist.barrier()
     dist.destroy_process_group()
 
 
-@pytest.mark.skipif(wire_unavailable() is not None, reason=str(wire_unavailable()))
-@pytest.mark.parametrize("world", [2, 4])
-def test_gloo_headers_per_call_are_what_the_wire_verdict_allows(world):
+@pytest.fixture(scope="module")
+def measured() -> dict:
+    """One launch of 4 ranks: (rank, group size) -> {(size, call): header bytes}."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(_headers, args=(world, port, out), nprocs=world, join=True)
-        seen = {rank: dict(out[rank]) for rank in range(world)}
+        mp.spawn(_headers, args=(4, port, out), nprocs=4, join=True)
+        return {key: dict(value) for key, value in out.items()}
+
+
+@pytest.mark.skipif(wire_unavailable() is not None, reason=str(wire_unavailable()))
+@pytest.mark.parametrize("world", [2, 4])
+def test_gloo_headers_per_call_are_what_the_wire_verdict_allows(world, measured):
+    seen = {rank: measured[rank, world] for rank in range(world)}
     for size in SIZES:
         for rank in range(world):
             for name in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all"):

@@ -1,4 +1,4 @@
-"""nbval really guards the lessons: a changed stored output makes it fail."""
+"""nbval really guards the lessons: a changed stored output makes it fail, and nothing else\ndoes (not the caller's profile, its GPU, its cores, nor rounding)."""
 
 import json
 import os
@@ -12,47 +12,62 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-LESSON = ROOT / "notebooks" / "01_toy_model_parallel.ipynb"
 SANITIZE = ROOT / "tests" / "nbval_sanitize.cfg"
+# a lesson in miniature, stored as a small-profile CPU run stores it: the profile and the
+# device it runs on, then a proof's verdict twice, each with a difference this machine's
+# rounding may print otherwise (stored: 9.9e-17; the sanitizer hides it); the second
+# verdict's stored word is tampered with
+VERDICT = ("diff = abs(0.1 + 0.2 - 0.3)\n"
+           "print(f\"sum max |diff| = {diff:.1e} (tolerance 1e-15): "
+           "{'OK' if diff <= 1e-15 else 'FAILED'}\")",
+           "sum max |diff| = 9.9e-17 (tolerance 1e-15): OK\n")
+CELLS = [
+    ("from helpers.profiles import get_profile\nprint(get_profile().name)", "small\n"),
+    ("import torch\nprint(torch.cuda.device_count())", "0\n"),
+    VERDICT,
+    (VERDICT[0], VERDICT[1].replace("OK", "FAILED")),
+]
+TAMPERED = len(CELLS) - 1
 
 
-def _tamper(nb: dict) -> int:
-    """Turn lesson 01's first stored proof verdict OK into FAILED; its code-cell index."""
-    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
-    for index, cell in enumerate(code):
-        for out in cell.get("outputs", []):
-            text = "".join(out.get("text", []))
-            if "max |diff|" in text and "OK" in text:
-                out["text"] = [text.replace("OK", "FAILED", 1)]
-                return index
-    raise AssertionError("lesson 01 has no stored proof output to tamper with")
+def _notebook() -> dict:
+    """The miniature lesson with its stored outputs."""
+    cells = [{"cell_type": "code", "execution_count": i + 1, "id": f"cell-{i}", "metadata": {},
+              "source": source, "outputs": [
+                  {"name": "stdout", "output_type": "stream", "text": text}]}
+             for i, (source, text) in enumerate(CELLS)]
+    return {"cells": cells, "metadata": {"kernelspec": {"name": "python3",
+            "display_name": "Python 3", "language": "python"}}, "nbformat": 4,
+            "nbformat_minor": 5}
 
 
-@pytest.mark.slow  # a subprocess that runs a lesson under nbval
-def test_only_a_tampered_output_fails_on_one_core_in_a_foreign_env(tmp_path):
-    """One run of lesson 01 under nbval, as make test runs it (conftest.py and the sanitizer
-    copied beside it), on one CPU core with TUTORIAL_PROFILE=full and a GPU asked for:
-    every cell passes (conftest forces the stored outputs' profile and the CPU) except the
-    one whose stored verdict was changed, which nbval reports."""
-    nb = json.loads(LESSON.read_text())
-    tampered = _tamper(nb)
-    copy = tmp_path / LESSON.name
-    copy.write_text(json.dumps(nb))
-    shutil.copy(SANITIZE, tmp_path)
-    shutil.copy(ROOT / "conftest.py", tmp_path)
+def _run_nbval(folder: Path, notebook: str) -> subprocess.CompletedProcess:
+    """nbval on ``notebook`` as make test runs it (conftest.py and the sanitizer copied
+    beside it), on one CPU core with TUTORIAL_PROFILE=full and a GPU asked for."""
+    shutil.copy(SANITIZE, folder)
+    shutil.copy(ROOT / "conftest.py", folder)
     cmd = [sys.executable, "-m", "pytest", "--nbval", "--nbval-current-env",
            "--nbval-sanitize-with", SANITIZE.name, "-p", "no:cacheprovider", "-o", "addopts=",
-           "--rootdir", str(tmp_path), "-rf", copy.name]  # fmt: skip
+           "--rootdir", str(folder), "-rf", notebook]  # fmt: skip
     env = {**os.environ, "TUTORIAL_PROFILE": "full", "CUDA_VISIBLE_DEVICES": "0"}
-    result = subprocess.run(
-        cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600,
+    return subprocess.run(
+        cmd, capture_output=True, text=True, cwd=folder, env=env, timeout=600,
         preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}),
     )  # fmt: skip
+
+
+@pytest.mark.slow  # a subprocess that runs a notebook under nbval
+def test_only_a_tampered_output_fails_on_one_core_in_a_foreign_env(tmp_path):
+    """The miniature lesson under nbval: conftest forces the stored outputs' profile and
+    the CPU (the caller asked for the full profile and a GPU), the sanitizer hides the
+    rounding; every cell passes but the one whose stored verdict was changed, which nbval
+    reports."""
+    (tmp_path / "lesson.ipynb").write_text(json.dumps(_notebook()))
+    result = _run_nbval(tmp_path, "lesson.ipynb")
     summary = re.search(r"(\d+) failed, (\d+) passed", result.stdout)
     assert result.returncode != 0 and summary, result.stdout[-3000:]
-    code_cells = sum(c["cell_type"] == "code" for c in nb["cells"])
-    assert (int(summary[1]), int(summary[2])) == (1, code_cells - 1), result.stdout[-3000:]
-    assert f"FAILED {copy.name}::Cell {tampered}" in result.stdout, result.stdout[-3000:]
+    assert (int(summary[1]), int(summary[2])) == (1, len(CELLS) - 1), result.stdout[-3000:]
+    assert f"FAILED lesson.ipynb::Cell {TAMPERED}" in result.stdout, result.stdout[-3000:]
 
 
 def test_sanitizer_hides_rounding_not_verdicts():

@@ -27,6 +27,6 @@ def test_machine_lines_of_different_machines_compare_equal():
     assert _sanitize(f"{laptop}\nproof: OK") == "MACHINE\nproof: OK"
 
 
-# A lesson passing nbval on one core with a foreign environment (TUTORIAL_PROFILE=full, a
-# visible GPU asked for) is tested with nbval's guard, in the same run of lesson 01:
+# A notebook passing nbval on one core with a foreign environment (TUTORIAL_PROFILE=full, a
+# visible GPU asked for) is tested with nbval's guard, on a lesson in miniature:
 # tests/course_tools/test_nbval_guard.py::test_only_a_tampered_output_fails_on_one_core_in_a_foreign_env
