@@ -219,20 +219,25 @@ def check_three_stage_cut(three_stage_cut: Callable[[Sequence[float]], Sequence[
 
 
 def resnet_blocks() -> list[tuple[str, nn.Module]]:
-    """ResNet50 as the lesson's block list, in eval mode (only the shapes matter here)."""
-    return [(name, m.eval()) for name, m in resnet_layers(resnet50(10), blocks=True)]
+    """ResNet50 as the lesson's block list, in eval mode, on the meta device: only the
+    shapes matter here, and a meta tensor has a shape and a dtype but no values."""
+    with torch.device("meta"):
+        model = resnet50(10)
+    return [(name, m.eval()) for name, m in resnet_layers(model, blocks=True)]
 
 
 def block_input(layers: list[tuple[str, nn.Module]], block: str, batch: int,
                 image_size: int) -> torch.Tensor:
-    """The tensor a cut before ``block`` (e.g. "layer3_0") carries, from a real forward."""
+    """The tensor a cut before ``block`` (e.g. "layer3_0") carries, from a forward of the
+    layers before it: every layer's own shape rule, without arithmetic on the meta device."""
     names = [name for name, _ in layers]
     if block not in names or not block.startswith("layer"):
         valid = [n for n in names if n.startswith("layer")]
         raise ValueError(f"block={block!r}; valid: {', '.join(valid)}")
     first = nn.Sequential(*(m for _, m in layers[:names.index(block)]))
     with torch.no_grad():
-        return first(torch.randn(batch, 3, image_size, image_size))
+        device = next(first.parameters()).device
+        return first(torch.randn(batch, 3, image_size, image_size, device=device))
 
 
 CUT_CASES = (("layer3_0", 1, 64), ("layer3_0", 2, 224), ("layer1_0", 3, 64), ("layer2_0", 1, 96),
