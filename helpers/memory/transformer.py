@@ -87,7 +87,8 @@ class TransformerShape:
         embed, block, head = self.unit_parameters()
         numel, tensors = (n * blocks for n in self.block_parameters())
         units = [block, embed if first else 0, head if last else 0]
-        return numel + units[1] + units[2], tensors + first + 2 * last, max(units)
+        tensors += first * self.embed_parameters()[1] + last * self.head_parameters()[1]
+        return numel + units[1] + units[2], tensors, max(units)
 
     def parameters(self) -> int:
         """All weights."""
