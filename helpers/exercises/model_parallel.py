@@ -246,7 +246,8 @@ CUT_CASES = (("layer3_0", 1, 64), ("layer3_0", 2, 224), ("layer1_0", 3, 64), ("l
 
 @checker("02.2", "Write the body of cut_bytes(block, batch, image_size), then run this cell again.")
 def check_cut_bytes(cut_bytes: Callable[[str, int, int], int]) -> str:
-    """Bytes of the activation at a cut before a bottleneck block, against a real forward."""
+    """Bytes of the activation at a cut before a bottleneck block, against a forward of the
+    layers before it on the meta device (shapes only)."""
     layers = resnet_blocks()
     for block, batch, size in CUT_CASES:
         got = answer(cut_bytes, block, batch, size)
