@@ -89,11 +89,11 @@ gpu-check:
 
 ## mutants: mutation testing (mutmut) of the correctness-critical helpers with their fast
 ## unit tests, set in pyproject's [tool.mutmut]; lists the mutants that survive and the score.
-## PART=<package> (e.g. PART=debugging) runs and reports only helpers/<package>/'s mutants
+## PART=<package> (e.g. PART=debugging, PART=runs.llama_3d) runs and reports only that package
 mutants: $(STAMP)
 	$(PY) -m pip install --quiet mutmut==3.8.1
 	rm -rf mutants
-	OMP_NUM_THREADS=1 TUTORIAL_PROFILE=small CUDA_VISIBLE_DEVICES= $(VENV)/bin/mutmut run --max-children 1 $(if $(PART),"helpers.$(PART).*")
+	OMP_NUM_THREADS=1 TUTORIAL_PROFILE=small CUDA_VISIBLE_DEVICES= $(VENV)/bin/mutmut run --max-children 2 $(if $(PART),"helpers.$(PART).*")
 	$(PY) -m course_tools.mutation_report $(PART)
 
 ## site: the course as a static website in results/site/ (open results/site/index.html), built

@@ -43,10 +43,12 @@ def main(root: Path = Path("mutants"), part: str | None = None) -> int:
     """Print the mutants not caught, then the table; 1 when there are no results. ``part``:
     only the modules of ``helpers/<part>/`` (``make mutants PART=<part>``)."""
     metas = sorted(root.rglob("*.py.meta"))
+    folder = ""
     if part:
-        metas = [m for m in metas if m.relative_to(root).as_posix().startswith(f"helpers/{part}/")]
+        folder = f"helpers/{part.replace('.', '/')}/"
+        metas = [m for m in metas if m.relative_to(root).as_posix().startswith(folder)]
     if not metas:
-        where = f"helpers/{part}/ under {root}/" if part else f"{root}/"
+        where = f"{folder} under {root}/" if part else f"{root}/"
         print(f"no mutmut results for {where}; run `make mutants` first")
         return 1
     rows: list[tuple[str, Counter]] = []
