@@ -4,8 +4,9 @@ With two GPUs or more: the traced launch on 2 ranks (NCCL, the full profile's si
 each rank's ``torch.profiler`` trace with its CUDA kernels, merged into one timeline, and
 the share of DDP's all-reduce kernels (NCCL's) that ran beside other kernels, with buckets
 and with one bucket; ``CommDebugMode``'s counts of the tensor-parallel plan against the
-prediction. On any GPU: the MFU of a bfloat16 training step of the small Llama (timed with
-``torch.cuda.synchronize``, warm-up excluded) against the GPU's published dense BF16 peak,
+prediction. On any GPU: the MFU of a bfloat16 training step of the small Llama (timed by
+``helpers.core.timing.measure``: warm-up excluded, the GPU synchronised at each reading)
+against the GPU's published dense BF16 peak,
 when the course knows the GPU's name. ``--smoke``: the traced launch on two gloo ranks at
 the smoke sizes, and the MFU against this CPU's measured peak.
 """
@@ -76,7 +77,7 @@ def mfu_figures(ctx: Context, gpu: bool) -> dict:
         try:
             peak = gpu_peak(name)
         except ValueError as error:
-            return {"gpu": name, "step_ms": round(1e3 * timing.mean, 3),
+            return {"gpu": name, "step_mean_ms": round(1e3 * timing.mean, 3),
                     "note": str(error)}
         peak_flops, source = peak.dense_tflops * 1e12, f"{peak.name} dense BF16 ({peak.source})"
     else:

@@ -361,3 +361,208 @@ def test_the_timed_meter_charges_an_all_to_all_and_a_pipeline_wait():
             schedules._wait_batch_p2p([])
         assert set(meter.per_group.seconds) == {where} and not meter.per_group.calls
         assert set(meter.per_collective.seconds) == {"p2p"}
+
+
+# -- roots, named groups, and the timed doors of DTensor's and the pipeline's calls ----------
+def test_a_broadcasts_root_is_mapped_through_its_groups_ranks(monkeypatch):
+    """``src`` is a global rank: group ranks {4: 0, 0: 1, 6: 2} map it; no src is global 0."""
+    from torch.distributed.distributed_c10d import _world
+
+    group = object()
+    monkeypatch.setitem(_world.pg_group_ranks, group, {4: 0, 0: 1, 6: 2})
+    assert calls.group_root(group, {"src": 6}) == 2  # type: ignore[arg-type]
+    assert calls.group_root(group, {"src": None}) == 1  # type: ignore[arg-type]
+    assert calls.group_root(group, {"group_src": 0, "src": 6}) == 0  # type: ignore[arg-type]
+
+
+def test_a_dispatched_root_is_the_broadcasts_and_zero_for_the_rest():
+    c10d = torch.ops.c10d
+    assert calls.dispatched_root(c10d.allreduce_.default, ()) == 0
+    names = [a.name for a in c10d.broadcast_.default._schema.arguments]
+    args = [None] * len(names)
+    args[names.index("root_rank")] = 2
+    assert calls.dispatched_root(c10d.broadcast_.default, tuple(args)) == 2
+
+
+def test_gloo_broadcast_defaults_to_rank_0_the_root_and_a_tree_of_nine():
+    """Rank 0 (the default) is the default root: 2 children of 4 ranks. Nine ranks: the
+    root sends in rounds 1, 2, 4, 8; virtual rank 1 in rounds 2 and 4; 2 and 3 in round 4."""
+    assert gloo_bytes("broadcast", 4, S) == 24
+    assert [gloo_bytes("broadcast", 9, S, r) for r in range(9)] == [
+        48, 24, 12, 12, 0, 0, 0, 0, 0]
+
+
+def test_the_untimed_meter_names_an_all_to_alls_and_a_sends_group():
+    """Rank 0 sends 20 B to rank 1, which sends 12 B back; a receive is not charged."""
+    def work(rank, group):
+        splits_in, splits_out = [[1, 3], [2, 2]][rank], [[1, 2], [3, 2]][rank]
+        out = torch.empty(sum(splits_out), 2)
+        with registered(group), CommMeter({"ep": group}, sends=True) as meter:
+            dist.all_to_all_single(out, torch.ones(4, 2), splits_out, splits_in, group=group)
+            works = [group.send([torch.ones([5, 3][rank])], 1 - rank, 0),
+                     group.recv([torch.empty([3, 5][rank])], 1 - rank, 0)]
+            for w in works:
+                w.wait()
+        return meter
+
+    for rank, meter in enumerate(run_ranks(2, work, timeout=30, raise_errors=True)):
+        a2a, sent = [24.0, 16.0][rank], [20.0, 12.0][rank]
+        assert dict(meter.per_collective.calls) == {"all_to_all": 1, "p2p": 1}
+        assert dict(meter.per_collective.ring) == {"all_to_all": a2a, "p2p": sent}
+        assert dict(meter.per_group.calls) == {"ep": 2}
+        assert dict(meter.per_group.ring) == {"ep": a2a + sent}
+
+
+def test_the_timed_meter_charges_functional_collectives_and_pipeline_batches():
+    """Two ranks, rank 0's meter named ``pp`` (the other rank's group has the same ranks):
+    DTensor's three functional collectives, and a pipeline batch of two sends (12 + 16 B)
+    against two receives, each batch one call (its sends are not charged again)."""
+    import threading
+
+    from torch._C._distributed_c10d import _register_process_group, _unregister_process_group
+    from torch.distributed import _functional_collectives as funcol
+    from torch.distributed.pipelining import schedules
+
+    both = threading.Barrier(2, timeout=10)
+
+    def issue(rank, group):
+        gathered = funcol.all_gather_single(torch.full((2,), float(rank)), 0, group)
+        mine = funcol.reduce_scatter_single(torch.arange(4.0) + rank, "sum", 0, group=group)
+        summed = funcol.all_reduce(torch.full((3,), rank + 1.0), "sum", group)
+        tensors = [torch.ones(3), torch.ones(2, dtype=torch.float64)]
+        if rank == 0:
+            ops = [dist.P2POp(dist.isend, t, group=group, group_peer=1) for t in tensors]
+        else:
+            tensors = [torch.empty_like(t) for t in tensors]
+            ops = [dist.P2POp(dist.irecv, t, group=group, group_peer=0) for t in tensors]
+        assert schedules._batch_p2p([]) == []
+        schedules._wait_batch_p2p(schedules._batch_p2p(ops))
+        return [torch.as_tensor(t).tolist() for t in (gathered, mine, summed, *tensors)]
+
+    def work(rank, group):
+        name = f"thread-pp-{id(group)}"
+        group._set_group_name(name)
+        _register_process_group(name, group)
+        try:
+            with registered(group):
+                if rank == 1:
+                    both.wait()
+                    got = issue(rank, group)
+                    both.wait()
+                    return got, None
+                try:
+                    with CommMeter({"pp": group}, timed=True) as meter:
+                        both.wait()
+                        got = issue(rank, group)
+                        both.wait()
+                except BaseException:
+                    both.abort()  # rank 1 stops waiting for a meter that never came
+                    raise
+                return got, meter
+        finally:
+            _unregister_process_group(name)
+
+    results = run_ranks(2, work, timeout=10, raise_errors=True)
+    assert [got for got, _ in results] == [
+        [[0, 0, 1, 1], [1, 3], [3, 3, 3], [1, 1, 1], [1, 1]],
+        [[0, 0, 1, 1], [5, 7], [3, 3, 3], [1, 1, 1], [1, 1]]]
+    meter = results[0][1]
+    tally = meter.per_collective
+    # per rank: all-gather of 16 B and reduce-scatter of 16 B, 8 B each by the ring (gloo's
+    # reduce-scatter 16); all-reduce of 12 B, 12 B; rank 0's batch 28 B, rank 1's none
+    assert dict(tally.calls) == {"all_gather": 2, "reduce_scatter": 2, "all_reduce": 2,
+                                 "p2p": 2}
+    assert dict(tally.ring) == {"all_gather": 16.0, "reduce_scatter": 16.0,
+                                "all_reduce": 24.0, "p2p": 28.0}
+    assert dict(tally.gloo) == {"all_gather": 16.0, "reduce_scatter": 32.0,
+                                "all_reduce": 24.0, "p2p": 28.0}
+    assert set(tally.seconds) == set(tally.calls) and all(tally.seconds.values())
+    assert dict(meter.per_group.calls) == {"pp": 8}
+    assert dict(meter.per_group.ring) == {"pp": 84.0}
+    assert dict(meter.per_group.gloo) == {"pp": 100.0}
+    assert set(meter.per_group.seconds) == {"pp"}
+
+
+def test_the_one_tensor_collectives_fall_back_to_the_older_names(monkeypatch):
+    """A stand-in ``dist``: the current names where torch has them, else the older ones."""
+    from helpers.comm import collectives
+
+    class Dist:
+        def __init__(self, new: bool) -> None:
+            self.called: list[tuple[str, object]] = []
+            names = ["all_gather_into_tensor", "reduce_scatter_tensor"]
+            if new:
+                names += ["all_gather_single", "reduce_scatter_single"]
+            for name in names:
+                setattr(self, name, lambda out, inp, n=name, **kw: self.called.append((n, kw)))
+
+    for new, used in ((True, ["all_gather_single", "reduce_scatter_single"]),
+                      (False, ["all_gather_into_tensor", "reduce_scatter_tensor"])):
+        fake = Dist(new)
+        monkeypatch.setattr(collectives, "dist", fake)
+        all_gather(torch.empty(2), torch.ones(1), group="g")
+        reduce_scatter(torch.empty(1), torch.ones(2), group="g")
+        assert fake.called == [(used[0], {"group": "g"}), (used[1], {"group": "g"})]
+
+
+def test_a_group_is_named_by_itself_else_by_its_ranks_else_other(monkeypatch):
+    """Stand-in groups: ``dp`` spans global ranks {0, 2}; another group over the same ranks
+    is ``dp`` too; a group over {1, 3} is ``other``. Seconds of one key add up."""
+    from torch.distributed.distributed_c10d import _world
+
+    class Group:
+        def __init__(self, name: str) -> None:
+            self.group_name = name
+
+    dp, same, odd = Group("g0"), Group("g1"), Group("g2")
+    for group, ranks in ((dp, {0: 0, 2: 1}), (same, {2: 1, 0: 0}), (odd, {1: 0, 3: 1})):
+        monkeypatch.setitem(_world.pg_group_ranks, group, ranks)
+    meter = CommMeter({"dp": dp})  # type: ignore[dict-item]
+    assert [meter.group_name(g) for g in (dp, same, odd)] == [  # type: ignore[arg-type]
+        "dp", "dp", "other"]
+    meter.charge("dp", "all_reduce", 1.0, 0.25)
+    meter.charge("dp", "all_reduce", 2.0, 0.5)
+    assert meter.per_group.seconds == Counter(dp=0.75)
+    assert meter.per_collective.seconds == Counter(all_reduce=0.75)
+
+
+def test_one_timed_rank_passes_every_door_and_each_is_put_back():
+    """One rank (nothing to wait for): each door wraps its function inside the ``with``,
+    counts its call, and the module or class holds its own function again after it."""
+    from torch.distributed import _functional_collectives as funcol
+    from torch.distributed.pipelining import schedules
+
+    doors = [(dist, name) for name in DIST] + [(funcol, name) for name in FUNCOL] + [
+        (schedules, "_batch_p2p"), (schedules, "_wait_batch_p2p"),
+        (dist, "all_to_all_single")]
+    before = [vars(owner)[name] for owner, name in doors]
+    send = vars(dist.ProcessGroup)["send"]
+
+    def work(rank, group):
+        with registered(group):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                dist.all_reduce(torch.ones(2), group=group)
+                dist.broadcast(torch.ones(2), src=0, group=group)
+                dist.all_gather_single(torch.empty(2), torch.ones(2), group=group)
+                dist.all_gather_into_tensor(torch.empty(2), torch.ones(2), group=group)
+                dist.all_gather([torch.empty(2)], torch.ones(2), group=group)
+                dist.reduce_scatter_single(torch.empty(2), torch.ones(2), group=group)
+                dist.reduce_scatter_tensor(torch.empty(2), torch.ones(2), group=group)
+                dist.reduce_scatter(torch.empty(2), [torch.ones(2)], group=group)
+                dist.barrier(group=group)
+            dist.all_to_all_single(torch.empty(2), torch.ones(2), group=group)
+            schedules._wait_batch_p2p(schedules._batch_p2p([]))
+            return [vars(owner)[name] for owner, name in doors]
+
+    with CommMeter(timed=True) as clock:
+        (inside,) = run_ranks(1, work, timeout=10, raise_errors=True)
+        assert vars(dist.ProcessGroup)["send"] is not send
+    assert all(a is not b for a, b in zip(inside, before, strict=True))
+    assert [vars(owner)[name] for owner, name in doors] == before
+    assert vars(dist.ProcessGroup)["send"] is send and not clock._saved
+    assert dict(clock.per_collective.calls) == {
+        "all_reduce": 1, "broadcast": 1, "all_gather": 3, "reduce_scatter": 3, "barrier": 1,
+        "all_to_all": 1}
+    assert set(clock.per_collective.seconds) == {*clock.per_collective.calls, "p2p"}
+    assert clock.total_ring == clock.total_gloo == 0.0  # one rank sends nothing

@@ -233,3 +233,37 @@ def test_refusals_name_what_is_valid():
     with pytest.raises(ValueError, match="do not divide by 3 ranks"):
         HandZero(model, _units(model), 1, lr=LR, group=type("G", (), {
             "rank": lambda self: 0, "size": lambda self: 3})())
+
+
+def test_a_backward_outside_step_reduces_each_unit_once_and_keeps_stage_2s_weights():
+    """Stage 2, one rank, a backward the learner runs by hand: each unit's hooks count its
+    two parameters, its full gradients are dropped, and its weights stay allocated."""
+    x, y = _batch()
+
+    def work(rank, group):
+        model = _model()
+        hz = HandZero(model, _units(model), 2, lr=LR, group=group)
+        nn.functional.mse_loss(model(x), y).backward()
+        return (dict(hz._done), [p.grad for p in model.parameters()],
+                [p.untyped_storage().nbytes() for p in model.parameters()])
+
+    (got,) = run_ranks(1, work, timeout=30, raise_errors=True)
+    assert got == ({"first": 2, "rest": 2}, [None] * 4, [64, 16, 32, 8])
+
+
+def test_a_model_of_empty_parameters_holds_nothing_at_its_peak(monkeypatch):
+    """Zero-element weights: every byte count, the peak's included, is 0."""
+    class World:
+        @staticmethod
+        def get_rank() -> int:
+            return 0
+
+        @staticmethod
+        def get_world_size() -> int:
+            return 2
+
+    monkeypatch.setattr(zero, "dist", World)
+    empty = nn.Module()
+    empty.register_parameter("weight", nn.Parameter(torch.empty(0, 3)))
+    hz = HandZero(empty, {"all": [empty]}, 1, lr=LR)
+    assert hz.peak == hz.held() == {"weights": 0, "grads": 0, "optimizer_state": 0}
