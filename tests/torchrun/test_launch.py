@@ -552,10 +552,15 @@ def test_a_stopped_launch_says_its_ranks_were_ended_and_nothing_is_left(stand_in
     from helpers.core.errors import LaunchStopped
 
     stand_in("import time; time.sleep(30)")
+    # interrupt_main does nothing where SIGINT is ignored (as in mutmut's fork server)
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Timer(1.0, _thread.interrupt_main).start()  # the learner presses Stop
     start = time.time()
-    with pytest.raises(LaunchStopped) as stopped:
-        launcher.run_module("pkg.worker", nproc=2, log_dir=tmp_path / "logs")
+    try:
+        with pytest.raises(LaunchStopped) as stopped:
+            launcher.run_module("pkg.worker", nproc=2, log_dir=tmp_path / "logs")
+    finally:
+        signal.signal(signal.SIGINT, handler)
     assert time.time() - start < 10 and isinstance(stopped.value, KeyboardInterrupt)
     assert str(stopped.value) == ("pkg.worker stopped: its 2 rank(s) were ended and nothing "
                                   "it started is left running; logs in logs")
